@@ -1,0 +1,362 @@
+"""``ff fs``: the file-system namespace through the meta service.
+
+    ff fs mkdir [-p] [-m MODE] PATH      ff fs mv SRC DST
+    ff fs ls [-l] [PATH]                 ff fs rm [-r] PATH
+    ff fs stat [--json] PATH             ff fs ln [-s] TARGET LINK
+    ff fs put LOCAL PATH                 ff fs get PATH LOCAL
+    ff fs cat PATH                       ff fs du [-s] PATH
+    ff fs cp SRC DST
+
+put/get/cat/cp move file data through the storage nodes (mgmtd is found through
+``FF_MGMTD_ADDR`` or cluster.json); ``-`` as LOCAL is stdin/stdout.
+
+Where to: ``--address host:port[,host:port...]``, else ``FF_META_ADDR``, else the
+meta replicas of the local cluster in ``--state-dir`` (``ff up``'s
+``cluster.json``).  Who: ``--token``, else ``FF_TOKEN``, else the state dir's
+token for ``--role`` (``user`` by default; ``admin`` acts as root).  Errors
+print the errno and path the service reported and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import stat as statmod
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from fireflyer.core.errors import FailedPrecondition, NotFound
+
+__all__ = ["register", "resolve_meta"]
+
+
+def resolve_meta(state_dir: Path, *, address: str | None, token: str | None, role: str) -> tuple[list[str], str]:
+    """(meta addresses, token): explicit values, then FF_META_ADDR / FF_TOKEN, then the cluster's records."""
+    from fireflyer.cluster.records import StatePaths, read_record, read_tokens
+    from fireflyer.fs.meta_client import parse_addresses
+
+    paths = StatePaths(state_dir)
+    addresses = parse_addresses(address or os.environ.get("FF_META_ADDR"))
+    if not addresses:
+        record = read_record(paths)
+        if record is None:
+            raise FailedPrecondition(f"no cluster under {paths.root}: run `ff up`, pass --address or set "
+                                     "FF_META_ADDR", state_dir=str(paths.root))
+        addresses = [p.address for p in record.processes if p.name == "meta"]
+        if not addresses:
+            raise NotFound(f"the cluster under {paths.root} runs no meta service (add it to the cluster file)",
+                           state_dir=str(paths.root))
+    token = token or os.environ.get("FF_TOKEN") or None
+    if token is None:
+        entry = read_tokens(paths.tokens).for_role(role)
+        if entry is None:
+            raise NotFound(f"no {role} token in {paths.tokens}", role=role)
+        token = entry.token
+    return addresses, token
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _mode_string(inode: Any) -> str:
+    from fireflyer.meta import FileType
+
+    kind = {FileType.DIR: statmod.S_IFDIR, FileType.SYMLINK: statmod.S_IFLNK}.get(inode.type, statmod.S_IFREG)
+    return statmod.filemode(kind | inode.mode)
+
+
+def _long_line(name: str, inode: Any) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(inode.mtime))
+    suffix = f" -> {inode.target}" if inode.target else ""
+    return f"{_mode_string(inode)} {inode.nlink:>3} {inode.uid:>7} {inode.gid:>7} {inode.length:>12} {when} {name}{suffix}"
+
+
+def _print_stat(path: str, inode: Any, as_json: bool) -> None:
+    import msgspec
+
+    if as_json:
+        print(msgspec.json.encode(inode).decode())
+        return
+    rows = [("path", path), ("inode", inode.id), ("type", inode.type.value), ("mode", f"{inode.mode:04o} "
+            f"({_mode_string(inode)})"), ("uid", inode.uid), ("gid", inode.gid), ("nlink", inode.nlink),
+            ("length", inode.length)]
+    for name in ("atime", "mtime", "ctime"):
+        rows.append((name, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(getattr(inode, name)))))
+    if inode.target:
+        rows.append(("target", inode.target))
+    if inode.layout is not None:
+        lay = inode.layout
+        rows.append(("layout", f"table {lay.chain_table_id} v{lay.chain_table_version}, chunk {lay.chunk_size}, "
+                               f"stripe {lay.stripe_size}, chains {list(lay.chains)}"))
+    if inode.dir_policy is not None:
+        pol = inode.dir_policy
+        rows.append(("policy", f"table {pol.chain_table_id}, chunk {pol.chunk_size}, stripe {pol.stripe_size}"))
+    for k, v in rows:
+        print(f"{k:>7}: {v}")
+
+
+# --------------------------------------------------------------------------- commands
+
+
+async def _mkdir(meta: Any, ns: argparse.Namespace) -> int:
+    await meta.mkdir(ns.path, int(ns.mode, 8), parents=ns.parents)
+    return 0
+
+
+async def _ls(meta: Any, ns: argparse.Namespace) -> int:
+    from fireflyer.meta import FileType
+
+    inode = await meta.stat(ns.path)
+    if inode.type is not FileType.DIR:
+        print(_long_line(ns.path, await meta.lstat(ns.path)) if ns.long else ns.path)
+        return 0
+    base = ns.path.rstrip("/")
+    async for entry in meta.iterdir(ns.path):
+        if ns.long:
+            print(_long_line(entry.name, await meta.lstat(f"{base}/{entry.name}")))
+        else:
+            print(entry.name + ("/" if entry.type is FileType.DIR else ""))
+    return 0
+
+
+async def _stat(meta: Any, ns: argparse.Namespace) -> int:
+    _print_stat(ns.path, await meta.lstat(ns.path), ns.json)
+    return 0
+
+
+async def _mv(meta: Any, ns: argparse.Namespace) -> int:
+    await meta.rename(ns.src, ns.dst)
+    return 0
+
+
+async def _remove_tree(meta: Any, path: str) -> None:
+    from fireflyer.meta import FileType
+
+    # page from the start each time: removing entries shifts later pages
+    while True:
+        page = await meta.readdir(path)
+        if not page.entries:
+            break
+        for entry in page.entries:
+            child = f"{path.rstrip('/')}/{entry.name}"
+            if entry.type is FileType.DIR:
+                await _remove_tree(meta, child)
+            else:
+                await meta.unlink(child)
+    await meta.rmdir(path)
+
+
+async def _rm(meta: Any, ns: argparse.Namespace) -> int:
+    from fireflyer.meta import FileType
+
+    inode = await meta.lstat(ns.path)
+    if inode.type is FileType.DIR:
+        if not ns.recursive:
+            await meta.rmdir(ns.path)  # the service says ENOTEMPTY when it is not empty
+        else:
+            await _remove_tree(meta, ns.path)
+    else:
+        await meta.unlink(ns.path)
+    return 0
+
+
+async def _ln(meta: Any, ns: argparse.Namespace) -> int:
+    if ns.symbolic:
+        await meta.symlink(ns.target, ns.link)
+    else:
+        await meta.link(ns.target, ns.link)
+    return 0
+
+
+def _run(op: Callable[[Any, argparse.Namespace], Awaitable[int]]) -> Callable[[argparse.Namespace], int]:
+    def handler(ns: argparse.Namespace) -> int:
+        from fireflyer.cli.cluster_cmds import resolve_state_dir
+        from fireflyer.fs import MetaClient
+
+        addresses, token = resolve_meta(resolve_state_dir(ns.state_dir), address=ns.address, token=ns.token,
+                                        role=ns.role)
+
+        async def go() -> int:
+            async with await MetaClient.connect(addresses, token, failover_timeout_s=ns.timeout) as meta:
+                return await op(meta, ns)
+
+        return asyncio.run(go())
+
+    return handler
+
+
+# --------------------------------------------------------------------------- data commands
+
+_STEP = 4 << 20
+
+
+def _put(fs: Any, ns: argparse.Namespace) -> int:
+    import sys
+
+    src = sys.stdin.buffer if ns.local == "-" else open(ns.local, "rb")  # noqa: SIM115
+    try:
+        with fs.open(ns.path, "wb") as dst:
+            while block := src.read(_STEP):
+                dst.write(block)
+    finally:
+        if src is not sys.stdin.buffer:
+            src.close()
+    return 0
+
+
+def _copy_out(fs: Any, path: str, out: Any) -> None:
+    with fs.open(path, "rb", buffering=0) as src:
+        off, size = 0, src.size()
+        while off < size:
+            block = src.pread(min(_STEP, size - off), off)
+            if not block:
+                break
+            out.write(block)
+            off += len(block)
+
+
+def _get(fs: Any, ns: argparse.Namespace) -> int:
+    import sys
+
+    if ns.local == "-":
+        _copy_out(fs, ns.path, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+        return 0
+    local = Path(ns.local)
+    if local.is_dir():
+        local = local / ns.path.rstrip("/").rsplit("/", 1)[-1]
+    tmp = local.with_name(f".{local.name}.ff-partial")
+    with open(tmp, "wb") as out:  # a failed get leaves no half-written file under the real name
+        _copy_out(fs, ns.path, out)
+    tmp.replace(local)
+    return 0
+
+
+def _cat(fs: Any, ns: argparse.Namespace) -> int:
+    import sys
+
+    for path in ns.paths:
+        _copy_out(fs, path, sys.stdout.buffer)
+    sys.stdout.buffer.flush()
+    return 0
+
+
+def _du(fs: Any, ns: argparse.Namespace) -> int:
+    from fireflyer.meta import FileType
+
+    inode = fs.lstat(ns.path)
+    if ns.summarize or inode.type is not FileType.DIR:
+        print(f"{fs.du(ns.path)}\t{ns.path}")
+        return 0
+    base = ns.path.rstrip("/")
+    for entry in fs.listdir(ns.path):
+        print(f"{fs.du(f'{base}/{entry.name}')}\t{base}/{entry.name}")
+    print(f"{fs.du(ns.path)}\t{ns.path}")
+    return 0
+
+
+def _cp(fs: Any, ns: argparse.Namespace) -> int:
+    from fireflyer.meta import FileType
+
+    dst = ns.dst
+    if fs.exists(dst) and fs.stat(dst).type is FileType.DIR:
+        dst = f"{dst.rstrip('/')}/{ns.src.rstrip('/').rsplit('/', 1)[-1]}"
+    with fs.open(ns.src, "rb", buffering=0) as src, fs.open(dst, "wb", buffering=0) as out:
+        off, size = 0, src.size()
+        while off < size:
+            block = src.pread(min(_STEP, size - off), off)
+            if not block:
+                break
+            out.pwrite(block, off)
+            off += len(block)
+    return 0
+
+
+def _run_data(op: Callable[[Any, argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def handler(ns: argparse.Namespace) -> int:
+        from fireflyer.cli.cluster_cmds import resolve_state_dir
+        from fireflyer.fs import connect
+
+        state_dir = resolve_state_dir(ns.state_dir)
+        addresses, token = resolve_meta(state_dir, address=ns.address, token=ns.token, role=ns.role)
+        with connect(meta=addresses, token=token, state_dir=state_dir) as fs:
+            return op(fs, ns)
+
+    return handler
+
+
+def register(subparsers: Any) -> None:
+    fs = subparsers.add_parser("fs", help="file-system namespace operations through the meta service",
+                               description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = fs.add_subparsers(dest="fs_command", metavar="OP", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--state-dir", default=None, metavar="DIR", help="cluster state dir (default $FF_STATE_DIR or .ff)")
+        p.add_argument("--address", default=None, help="meta host:port[,host:port...] (default $FF_META_ADDR, "
+                                                       "else cluster.json)")
+        p.add_argument("--token", default=None, help="bearer token (default $FF_TOKEN, else tokens.json)")
+        p.add_argument("--role", choices=["admin", "user"], default="user", help="which token of tokens.json to use")
+        p.add_argument("--timeout", type=float, default=10.0, metavar="S", help="give up on unreachable replicas after S")
+
+    p = sub.add_parser("mkdir", help="make a directory")
+    p.add_argument("-p", "--parents", action="store_true", help="make parents as needed; no error if it exists")
+    p.add_argument("-m", "--mode", default="755", help="permission bits in octal (default 755)")
+    p.add_argument("path")
+    p.set_defaults(func=_run(_mkdir))
+
+    p = sub.add_parser("ls", help="list a directory")
+    p.add_argument("-l", dest="long", action="store_true", help="long format: mode, links, uid, gid, size, mtime")
+    p.add_argument("path", nargs="?", default="/")
+    p.set_defaults(func=_run(_ls))
+
+    p = sub.add_parser("stat", help="show an inode (symlinks not followed)")
+    p.add_argument("--json", action="store_true", help="print the inode as JSON")
+    p.add_argument("path")
+    p.set_defaults(func=_run(_stat))
+
+    p = sub.add_parser("mv", help="rename (atomically replaces a file or an empty directory at DST)")
+    p.add_argument("src")
+    p.add_argument("dst")
+    p.set_defaults(func=_run(_mv))
+
+    p = sub.add_parser("rm", help="remove a file, symlink or empty directory (-r: a whole tree)")
+    p.add_argument("-r", "--recursive", action="store_true")
+    p.add_argument("path")
+    p.set_defaults(func=_run(_rm))
+
+    p = sub.add_parser("ln", help="make a hard link (-s: a symbolic link) LINK to TARGET")
+    p.add_argument("-s", "--symbolic", action="store_true")
+    p.add_argument("target")
+    p.add_argument("link")
+    p.set_defaults(func=_run(_ln))
+
+    p = sub.add_parser("put", help="copy a local file (- = stdin) into the file system")
+    p.add_argument("local")
+    p.add_argument("path")
+    p.set_defaults(func=_run_data(_put))
+
+    p = sub.add_parser("get", help="copy a file to a local file or directory (- = stdout)")
+    p.add_argument("path")
+    p.add_argument("local")
+    p.set_defaults(func=_run_data(_get))
+
+    p = sub.add_parser("cat", help="print files' bytes to stdout")
+    p.add_argument("paths", nargs="+")
+    p.set_defaults(func=_run_data(_cat))
+
+    p = sub.add_parser("du", help="bytes used by a file or each entry of a directory (-s: the total only)")
+    p.add_argument("-s", "--summarize", action="store_true")
+    p.add_argument("path")
+    p.set_defaults(func=_run_data(_du))
+
+    p = sub.add_parser("cp", help="copy a file inside the file system (into DST if it is a directory)")
+    p.add_argument("src")
+    p.add_argument("dst")
+    p.set_defaults(func=_run_data(_cp))
+
+    for action in sub.choices.values():
+        common(action)

@@ -1,0 +1,71 @@
+"""``ff launch``: run a program on N simulated nodes x K local ranks with HFReduce workers (torchrun-like).
+
+    ff launch --nodes 2 --local-ranks 4 -- python train.py --lr 3e-4
+    ff launch --nodes 3 --local-ranks 1 --zones A,A,B --chunk-size 1M -- python -m mypkg.bench
+
+No scheduler or cluster is needed.  The launcher starts one HFReduce worker per
+node on its own loopback address (node i on 127.0.0.(i+1)), hands every worker
+the full peer list (the rendezvous, done by the launcher itself), then runs
+N*K copies of the command with the training-process environment (FF_RANK,
+FF_WORLD_SIZE, FF_LOCAL_RANK, FF_HFREDUCE_SOCKET ... and torch's RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, so a torch.distributed
+program runs unchanged).  Output lines are prefixed ``[rank R]``.  The exit code
+is the first non-zero exit code of a rank (0 when all succeed); on any failure,
+or Ctrl-C, every process it started is stopped.
+
+When FF_COORD_ADDR is set (or a local cluster started by ``ff up`` runs a
+coord service under FF_STATE_DIR / ./.ff) the workers join through the
+coordination service instead: it assigns node ranks (by zone, then node
+name), builds the zone-aware trees, watches liveness and collects telemetry
+(``ff coord comms``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["register"]
+
+
+def _cmd(ns: argparse.Namespace) -> int:
+    from fireflyer.core.errors import InvalidArgument
+    from fireflyer.hfreduce.launch import Launcher
+    from fireflyer.hfreduce.launch_plan import LaunchOptions, parse_size, parse_zones
+
+    cmd = list(ns.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise InvalidArgument("no command to launch: give it after '--' (ff launch --nodes 2 -- python train.py)")
+    if ns.chunk_size is not None:
+        parse_size(ns.chunk_size)  # fail here, naming the option, not in N workers
+    opts = LaunchOptions(nodes=ns.nodes, local_ranks=ns.local_ranks, zones=parse_zones(ns.zones, ns.nodes),
+                         chunk_size=ns.chunk_size, timeout_s=ns.timeout_s, job_id=ns.job_id)
+    return Launcher(opts, cmd, run_dir=ns.run_dir, grace_s=ns.grace, ready_timeout_s=ns.ready_timeout_s).run()
+
+
+def register(subparsers: Any) -> None:
+    doc = __doc__ or ""
+    p = subparsers.add_parser(
+        "launch", help="run a command as N nodes x K local ranks with HFReduce workers (torchrun-like)",
+        description=doc.split("\n\n", 2)[2] if doc.count("\n\n") >= 2 else doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="ff launch --nodes N --local-ranks K [options] -- CMD [ARGS...]")
+    p.add_argument("--nodes", type=int, default=1, metavar="N", help="simulated nodes, one worker each (default 1)")
+    p.add_argument("--local-ranks", type=int, default=1, metavar="K", help="ranks per node (default 1)")
+    p.add_argument("--zones", default=None, metavar="A,A,B",
+                   help="zone of each node, in node-rank order (one entry per node)")
+    p.add_argument("--chunk-size", default=None, metavar="SIZE",
+                   help="HFReduce pipeline chunk, e.g. 4M (default: the worker's)")
+    p.add_argument("--timeout-s", type=float, default=None, metavar="S",
+                   help="collective deadline of the workers in seconds (default: the worker's)")
+    p.add_argument("--job-id", default=None, help="FF_JOB_ID of the ranks (default: generated)")
+    p.add_argument("--run-dir", default=None, metavar="DIR",
+                   help="where the node sockets live (default: a fresh temp dir, removed at the end)")
+    p.add_argument("--grace", type=float, default=5.0, metavar="S",
+                   help="seconds between SIGTERM and SIGKILL when stopping (default 5)")
+    p.add_argument("--ready-timeout-s", type=float, default=60.0, metavar="S",
+                   help="how long a worker may take to become ready (default 60)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command each rank runs, after '--'")
+    p.set_defaults(func=_cmd)

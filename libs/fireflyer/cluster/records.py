@@ -1,0 +1,226 @@
+"""What ``ff up`` leaves in the state dir, and how it is read back.
+
+    <state>/cluster.json   ClusterRecord: pids (with their start times), ports, addresses
+    <state>/tokens.json    bearer tokens (admin and the local user), mode 0600
+    <state>/logs/          one log per process (<instance>.log, nats.log)
+    <state>/nats/          the JetStream store of the managed nats-server
+    <state>/spans.jsonl    the span file every service appends to
+    <state>/cluster.lock   flock'd by up/down so two of them never interleave
+
+Each process record keeps the pid's start time (clock ticks since boot, from
+``/proc/<pid>/stat``): a pid alone may have been recycled by the time
+``ff down`` runs, and ``ff down`` must signal only what ``ff up`` started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import getpass
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+
+from fireflyer.core.errors import FailedPrecondition, FireFlyerError, SettingsError
+from fireflyer.rpc.auth import TokenEntry, generate_token, write_tokens_file
+
+__all__ = [
+    "NatsRecord",
+    "ProcessRecord",
+    "ClusterRecord",
+    "StatePaths",
+    "read_record",
+    "write_record",
+    "remove_record",
+    "write_atomic",
+    "TokenEntry",
+    "TokensFile",
+    "ensure_tokens",
+    "read_tokens",
+    "state_lock",
+]
+
+RECORD_VERSION = 1
+
+
+class NatsRecord(msgspec.Struct, frozen=True, kw_only=True):
+    url: str
+    #: False: an external server (FF_NATS_URL or [nats] url); ff down leaves it alone
+    managed: bool
+    pid: int | None = None
+    start_ticks: int | None = None
+    port: int | None = None
+    log: str | None = None
+
+
+class ProcessRecord(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    instance: str
+    module: str
+    pid: int
+    #: /proc/<pid>/stat starttime; None where /proc is missing (then only the pid is checked)
+    start_ticks: int | None
+    address: str
+    log: str
+    started_at: float
+
+
+class ClusterRecord(msgspec.Struct, frozen=True, kw_only=True):
+    state_dir: str
+    config: str
+    started_at: float
+    nats: NatsRecord
+    processes: list[ProcessRecord]
+    tokens_file: str
+    spans_file: str
+    version: int = RECORD_VERSION
+    #: the pid of the `ff up` that wrote this (diagnostics only)
+    up_pid: int = 0
+
+
+class StatePaths:
+    """Every path under one state dir, in one place."""
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        self.root = Path(state_dir).absolute()
+
+    @property
+    def record(self) -> Path:
+        return self.root / "cluster.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "cluster.lock"
+
+    @property
+    def tokens(self) -> Path:
+        return self.root / "tokens.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def nats_store(self) -> Path:
+        return self.root / "nats"
+
+    @property
+    def spans(self) -> Path:
+        return self.root / "spans.jsonl"
+
+    def log_for(self, instance: str) -> Path:
+        return self.logs / f"{instance}.log"
+
+    def make(self) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.nats_store.mkdir(parents=True, exist_ok=True)
+
+
+def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """Write via a temp file and rename, so a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)  # the umask may have narrowed or (for an existing tmp) widened it
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def write_record(paths: StatePaths, record: ClusterRecord) -> None:
+    write_atomic(paths.record, msgspec.json.format(msgspec.json.encode(record), indent=2) + b"\n")
+
+
+def read_record(paths: StatePaths) -> ClusterRecord | None:
+    """The cluster record, or None when there is none."""
+    try:
+        raw = paths.record.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return msgspec.json.decode(raw, type=ClusterRecord)
+    except msgspec.DecodeError as e:
+        raise FailedPrecondition(
+            f"{paths.record} is unreadable ({e}); stop its processes by hand and remove it",
+            path=str(paths.record),
+        ) from e
+
+
+def remove_record(paths: StatePaths) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        paths.record.unlink()
+
+
+class TokensFile(msgspec.Struct, frozen=True):
+    """The tokens file as ``ff up`` writes it; entries are ``fireflyer.rpc.auth.TokenEntry``."""
+
+    tokens: list[TokenEntry]
+
+    def for_role(self, role: str) -> TokenEntry | None:
+        return next((t for t in self.tokens if role in t.roles), None)
+
+
+def read_tokens(path: Path) -> TokensFile:
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=TokensFile)
+    except FileNotFoundError as e:
+        raise SettingsError(f"tokens file {path} does not exist (ff up writes it)", key="auth.tokens_file",
+                            source=str(path)) from e
+    except msgspec.DecodeError as e:
+        raise SettingsError(f"tokens file {path} is not valid: {e}", key="auth.tokens_file", source=str(path)) from e
+
+
+def _local_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (some containers)
+        return f"uid{os.getuid()}"
+
+
+def ensure_tokens(path: Path) -> TokensFile:
+    """Keep a valid tokens file (clients may hold its tokens); otherwise write a fresh one, mode 0600."""
+    if path.exists():
+        try:
+            existing = read_tokens(path)
+        except FireFlyerError:
+            existing = None
+        if existing is not None and existing.for_role("admin") and existing.for_role("user"):
+            os.chmod(path, 0o600)
+            return existing
+    entries = [
+        TokenEntry(token=generate_token(), user="admin", roles=["admin"]),
+        TokenEntry(token=generate_token(), user=_local_user(), roles=["user"]),
+    ]
+    write_tokens_file(path, entries)
+    return TokensFile(entries)
+
+
+@contextlib.contextmanager
+def state_lock(paths: StatePaths, *, what: str) -> Iterator[None]:
+    """Hold ``cluster.lock`` (flock) so up and down on one state dir never interleave.
+
+    Non-blocking: a second caller fails at once naming the state dir rather than
+    waiting behind a start-up that may take a while.  Child processes do not
+    inherit the descriptor (subprocess closes fds), so the lock dies with us.
+    """
+    paths.root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            raise FailedPrecondition(
+                f"another ff up/down is running on state dir {paths.root}; wait for it, then retry {what}",
+                state_dir=str(paths.root),
+            ) from e
+        yield
+    finally:
+        os.close(fd)

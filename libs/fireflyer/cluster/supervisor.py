@@ -1,0 +1,392 @@
+"""``ff up`` / ``ff status`` / ``ff down``: the local cluster's life cycle.
+
+``up`` starts nats-server (unless an external URL is given) and every service
+of the cluster file as detached processes, records them in ``cluster.json``,
+then waits — concurrently, each with its own deadline — until each answers
+its gRPC health check.  If one exits or stays unhealthy, it prints which, why
+and the tail of its log, stops everything it started, and fails.
+
+``down`` signals only what the record names *and* is still the same process
+(pid plus start time), services first, nats last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import msgspec
+from rich.console import Console
+
+from fireflyer.core.errors import DeadlineExceeded, FailedPrecondition, FireFlyerError, Unavailable
+from fireflyer.core.log import get_logger
+
+from . import report
+from .config import ClusterConfig, load_cluster_config
+from .decisions import (
+    SERVING,
+    StatusRow,
+    StopOutcome,
+    StopTarget,
+    UpVerdict,
+    decide_up,
+    nats_status_row,
+    status_exit_code,
+    status_row,
+    stop_targets,
+)
+from .procs import alive, free_ports, observe, read_tail, spawn, stop_processes, tcp_reachable
+from .records import (
+    ClusterRecord,
+    NatsRecord,
+    ProcessRecord,
+    StatePaths,
+    ensure_tokens,
+    read_record,
+    remove_record,
+    state_lock,
+    write_record,
+)
+
+__all__ = ["up", "status", "down", "collect_status", "alive_map", "TAIL_LINES"]
+
+log = get_logger(__name__)
+
+TAIL_LINES = 20
+RPC_HOST = "127.0.0.1"
+
+
+def alive_map(record: ClusterRecord | None) -> dict[str, bool]:
+    """label -> is the recorded process still the one we started."""
+    if record is None:
+        return {}
+    out = {p.instance: alive(p.pid, p.start_ticks) for p in record.processes}
+    if record.nats.managed:
+        out["nats"] = alive(record.nats.pid, record.nats.start_ticks)
+    return out
+
+
+async def _health(address: str, timeout_s: float) -> str:
+    # imported here: `ff status --help` and `ff down` need no grpc
+    from fireflyer.rpc.health import check_health
+
+    return await check_health(address, timeout_s=timeout_s)
+
+
+# ---------------------------------------------------------------------------- up
+
+
+class _Started(msgspec.Struct):
+    record: ProcessRecord
+    popen: subprocess.Popen[bytes]
+    ready_timeout_s: float
+
+
+def _start_nats(cfg: ClusterConfig, paths: StatePaths, env: Mapping[str, str]) -> NatsRecord:
+    external = env.get("FF_NATS_URL") or cfg.nats.url
+    if external:
+        return NatsRecord(url=external, managed=False)
+    from fireflyer.bus.server import NatsServerProcess
+
+    log_path = paths.log_for("nats")
+    # detach: the server must outlive this `ff up` process, like the services
+    server = NatsServerProcess(store_dir=paths.nats_store, port=cfg.nats.port or -1, log_file=log_path,
+                               detach=True)
+    server.start(timeout_s=10.0)
+    assert server.pid is not None  # set by start()
+    seen = observe(server.pid)
+    return NatsRecord(url=server.url, managed=True, pid=server.pid, start_ticks=seen.start_ticks if seen else None,
+                      port=server.port, log=str(log_path))
+
+
+def _service_env(base: Mapping[str, str], *, paths: StatePaths, nats_url: str, port: int, instance: str,
+                 admin_token: str, extra: Mapping[str, str]) -> dict[str, str]:
+    env = dict(base)
+    env.update({
+        "FF_STATE_DIR": str(paths.root),
+        "FF_NATS_URL": nats_url,
+        "FF_RPC_HOST": RPC_HOST,
+        "FF_RPC_PORT": str(port),
+        "FF_INSTANCE": instance,
+        "FF_AUTH_TOKENS_FILE": str(paths.tokens),
+        "FF_TOKEN": admin_token,
+        "FF_TELEMETRY_SPAN_FILE": str(paths.spans),
+        "FF_LOG_FORMAT": "json",
+        # a service's log must reach the file as it happens, not when a buffer fills
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(extra)
+    return env
+
+
+#: env names DESIGN.md §3 fixes for service addresses where they differ from FF_<NAME>_ADDR
+_ADDR_ENV = {"checkpoint": "FF_CKPT_ADDR", "scheduler": "FF_SCHED_ADDR"}
+
+
+def address_env(planned: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """``FF_<SERVICE>_ADDR`` -> every instance's address, comma separated, for (name, address) pairs.
+
+    Every process of the cluster gets all of them, so services find each other
+    (meta finds mgmtd, the launcher finds coord) without a discovery step.
+    """
+    by_name: dict[str, list[str]] = {}
+    for name, address in planned:
+        by_name.setdefault(name, []).append(address)
+    return {_ADDR_ENV.get(name, f"FF_{name.upper().replace('-', '_')}_ADDR"): ",".join(addrs)
+            for name, addrs in by_name.items()}
+
+
+def _start_services(cfg: ClusterConfig, paths: StatePaths, env: Mapping[str, str], cwd: Path, nats_url: str,
+                    admin_token: str, started: list[_Started]) -> None:
+    """Spawn every instance, appending to ``started`` as it goes (the caller cleans up on error)."""
+    total = sum(s.replicas for s in cfg.service)
+    ports = iter(free_ports(total, RPC_HOST))
+    planned = [(entry, instance, next(ports)) for entry in cfg.service for instance in entry.instances()]
+    addresses = address_env([(entry.name, f"{RPC_HOST}:{port}") for entry, _, port in planned])
+    for entry, instance, port in planned:
+        log_path = paths.log_for(instance)
+        # the cluster's addresses first, so an entry's own env can still override one
+        child_env = _service_env({**env, **addresses}, paths=paths, nats_url=nats_url, port=port,
+                                 instance=instance, admin_token=admin_token, extra=entry.env)
+        popen = spawn([sys.executable, "-m", entry.module, *entry.args], env=child_env, cwd=cwd,
+                      log_path=log_path)
+        seen = observe(popen.pid)
+        rec = ProcessRecord(name=entry.name, instance=instance, module=entry.module, pid=popen.pid,
+                            start_ticks=seen.start_ticks if seen else None, address=f"{RPC_HOST}:{port}",
+                            log=str(log_path), started_at=time.time())
+        started.append(_Started(rec, popen, cfg.ready_timeout_for(entry)))
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class _Failure(msgspec.Struct, frozen=True):
+    instance: str
+    why: str
+    log: str
+
+
+async def _wait_one(s: _Started, ui: report.StartProgress) -> _Failure | None:
+    rec = s.record
+    deadline = time.monotonic() + s.ready_timeout_s
+    last = "no answer"
+    while True:
+        code = s.popen.poll()
+        if code is not None:
+            why = f"{_describe_exit(code)} during start-up"
+            ui.finish(rec.instance, False, why)
+            return _Failure(rec.instance, why, rec.log)
+        remaining = deadline - time.monotonic()
+        try:
+            last = await _health(rec.address, timeout_s=max(0.2, min(1.0, remaining)))
+        except (Unavailable, DeadlineExceeded):
+            last = "no answer"
+        except FireFlyerError as e:  # answered, but not with a status: keep waiting, show why
+            last = e.kind
+        if last == SERVING:
+            ui.finish(rec.instance, True, f"{SERVING} at {rec.address}")
+            return None
+        if remaining <= 0:
+            why = f"not healthy after {s.ready_timeout_s:g}s (health: {last})"
+            ui.finish(rec.instance, False, why)
+            return _Failure(rec.instance, why, rec.log)
+        ui.update(rec.instance, f"waiting ({last})")
+        await asyncio.sleep(0.05)
+
+
+async def _wait_ready(started: Sequence[_Started], ui: report.StartProgress) -> list[_Failure]:
+    """Wait for all; on the first failure stop waiting (the cluster is going down anyway)."""
+    tasks = [asyncio.create_task(_wait_one(s, ui)) for s in started]
+    failures: list[_Failure] = []
+    pending: set[asyncio.Task[_Failure | None]] = set(tasks)
+    while pending and not failures:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        failures.extend(f for t in done if (f := t.result()) is not None)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    # others may have died in the same moment: report them too
+    named = {f.instance for f in failures}
+    for s in started:
+        code = s.popen.poll()
+        if code is not None and s.record.instance not in named:
+            failures.append(_Failure(s.record.instance, f"{_describe_exit(code)} during start-up", s.record.log))
+    return failures
+
+
+def _stop_started(console: Console, paths: StatePaths, nats: NatsRecord | None, started: Sequence[_Started],
+                  timeout_s: float) -> None:
+    targets = [StopTarget(s.record.instance, s.record.pid, s.record.start_ticks) for s in reversed(started)]
+    if nats is not None and nats.managed and nats.pid is not None:
+        targets.append(StopTarget("nats", nats.pid, nats.start_ticks, phase=1))
+    if not targets:
+        return
+    live = [t for t in targets if alive(t.pid, t.start_ticks)]
+    outcomes = stop_processes(live, timeout_s=timeout_s, children=[s.popen for s in started])
+    for s in started:
+        s.popen.poll()
+    pids = {t.label: t.pid for t in targets}
+    full = {t.label: outcomes.get(t.label, StopOutcome.NOT_RUNNING) for t in targets}
+    report.print_down(console, f"stopping what ff up started — {paths.root}", pids, full)
+
+
+def up(*, config_path: Path, state_dir: Path, env: Mapping[str, str], cwd: Path, console: Console) -> int:
+    cfg = load_cluster_config(config_path)
+    paths = StatePaths(state_dir)
+    with state_lock(paths, what="ff up"):
+        old = read_record(paths)
+        decision = decide_up(old, alive_map(old))
+        if decision.verdict is UpVerdict.REFUSE:
+            raise FailedPrecondition(
+                f"a cluster is already running on state dir {paths.root} ({', '.join(decision.alive)} alive); "
+                f"stop it with `ff down --state-dir {paths.root}` or use another --state-dir",
+                state_dir=str(paths.root),
+            )
+        if decision.verdict is UpVerdict.STALE:
+            console.print(f"replacing stale {paths.record}: none of its processes is running", highlight=False)
+            remove_record(paths)
+        paths.make()
+        tokens = ensure_tokens(paths.tokens)
+        admin = tokens.for_role("admin")
+        assert admin is not None  # ensure_tokens guarantees one
+
+        nats: NatsRecord | None = None
+        started: list[_Started] = []
+        try:
+            nats = _start_nats(cfg, paths, env)
+            _start_services(cfg, paths, env, cwd, nats.url, admin.token, started)
+            record = ClusterRecord(state_dir=str(paths.root), config=str(Path(config_path).absolute()),
+                                   started_at=time.time(), nats=nats, processes=[s.record for s in started],
+                                   tokens_file=str(paths.tokens), spans_file=str(paths.spans), up_pid=os.getpid())
+            write_record(paths, record)
+            failures: list[_Failure] = []
+            if started:
+                with report.StartProgress(console, [s.record.instance for s in started]) as ui:
+                    failures = asyncio.run(_wait_ready(started, ui))
+        except BaseException as e:
+            # Ctrl-C or an error mid-start: leave nothing running that no record names
+            why = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed: {type(e).__name__}"
+            console.print(f"ff up {why}; stopping what was started", highlight=False, markup=False)
+            _stop_started(console, paths, nats, started, cfg.cluster.stop_timeout_s)
+            remove_record(paths)
+            raise
+
+        if failures:
+            for f in failures:
+                console.print(f"service {f.instance} {f.why}", style="red", highlight=False)
+                report.print_tail(console, f"last {TAIL_LINES} lines of {f.log}", read_tail(f.log, TAIL_LINES))
+            console.print("stopping the other processes", highlight=False)
+            _stop_started(console, paths, nats, started, cfg.cluster.stop_timeout_s)
+            remove_record(paths)
+            return 1
+        report.print_up_table(console, record)
+        return 0
+
+
+# ---------------------------------------------------------------------------- status
+
+
+async def _row_for(p: ProcessRecord) -> StatusRow:
+    is_alive = alive(p.pid, p.start_ticks)
+    health: str | None = None
+    if is_alive:
+        try:
+            health = await _health(p.address, timeout_s=1.0)
+        except (Unavailable, DeadlineExceeded):
+            health = "unreachable"
+        except FireFlyerError as e:
+            health = e.kind
+    tail = [] if is_alive else read_tail(p.log, TAIL_LINES)
+    return status_row(name=p.name, instance=p.instance, pid=p.pid, address=p.address, log=p.log, alive=is_alive,
+                      health=health, log_tail=tail)
+
+
+def _nats_row(n: NatsRecord) -> StatusRow:
+    is_alive = alive(n.pid, n.start_ticks) if n.managed else True
+    host, port = _host_port(n.url)
+    reachable = is_alive and tcp_reachable(host, port)
+    tail = read_tail(n.log, TAIL_LINES) if n.managed and not is_alive else []
+    return nats_status_row(url=n.url, managed=n.managed, pid=n.pid, log=n.log, alive=is_alive,
+                           reachable=reachable, log_tail=tail)
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    # first server of a possibly comma-separated list: nats://host:port
+    first = url.split(",")[0].strip()
+    hostport = first.split("://", 1)[-1].rsplit("@", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    return (host or "127.0.0.1"), int(port or 4222)
+
+
+async def _collect(record: ClusterRecord) -> list[StatusRow]:
+    rows = await asyncio.gather(*(_row_for(p) for p in record.processes))
+    return [_nats_row(record.nats), *rows]
+
+
+def collect_status(record: ClusterRecord) -> list[StatusRow]:
+    return asyncio.run(_collect(record))
+
+
+def status(*, state_dir: Path, console: Console, as_json: bool) -> int:
+    paths = StatePaths(state_dir)
+    record = read_record(paths)
+    if record is None:
+        msg = f"no cluster is running on state dir {paths.root} (start one with `ff up --state-dir {paths.root}`)"
+        if as_json:
+            sys.stdout.write(msgspec.json.encode({"state_dir": str(paths.root), "running": False,
+                                                   "healthy": False, "message": msg,
+                                                   "processes": []}).decode() + "\n")
+        else:
+            console.print(msg, highlight=False, markup=False)
+        return 1
+    rows = collect_status(record)
+    code = status_exit_code(rows)
+    if as_json:
+        doc = {"state_dir": record.state_dir, "running": True, "healthy": code == 0, "started_at": record.started_at,
+               "tokens_file": record.tokens_file, "processes": rows}
+        sys.stdout.write(msgspec.json.encode(doc).decode() + "\n")
+    else:
+        report.print_status(console, record.state_dir, rows)
+    return code
+
+
+# ---------------------------------------------------------------------------- down
+
+
+def down(*, state_dir: Path, timeout_s: float, console: Console) -> int:
+    paths = StatePaths(state_dir)
+    with state_lock(paths, what="ff down"):
+        record = read_record(paths)
+        if record is None:
+            console.print(f"no cluster recorded in state dir {paths.root}; nothing to stop", highlight=False,
+                          markup=False)
+            return 0
+        targets, gone = stop_targets(record, alive_map(record))
+        outcomes = stop_processes(targets, timeout_s=timeout_s)
+        pids: dict[str, int | None] = {p.instance: p.pid for p in record.processes}
+        pids["nats"] = record.nats.pid
+        ordered = {t.label: outcomes[t.label] for t in targets}
+        ordered.update({label: StopOutcome.NOT_RUNNING for label in gone})
+        report.print_down(console, f"ff down — {paths.root}", pids, ordered)
+        if not record.nats.managed:
+            console.print(f"nats at {record.nats.url} is external: left running", highlight=False, markup=False)
+        survivors = [label for label, o in ordered.items() if o is StopOutcome.SURVIVED]
+        if survivors:
+            # keep the record: it still protects these from a second `ff up`
+            console.print(f"still running after SIGKILL: {', '.join(survivors)}; {paths.record} kept",
+                          style="red", highlight=False)
+            return 1
+        remove_record(paths)
+        return 0

@@ -1,0 +1,1 @@
+"""Developer tooling used by the Makefile (import rules, ...)."""

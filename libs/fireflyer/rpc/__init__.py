@@ -1,0 +1,72 @@
+"""gRPC for Fire-Flyer: the only place that builds servers and channels.
+
+Server side::
+
+    server = RpcServer(settings.rpc, service="echo", tokens=TokenStore.from_file(path))
+    server.add_servicer(echo_pb2_grpc.add_EchoServiceServicer_to_server, servicer, "ff.echo.v1.EchoService")
+    port = await server.start()
+    ...
+    await server.stop(grace_s=10)
+
+    class Servicer(echo_pb2_grpc.EchoServiceServicer):
+        @requires("admin")
+        async def AdminPing(self, request, context):
+            return echo_pb2.AdminPingReply(user=current_principal().user)
+
+Client side::
+
+    async with connect(address, token=token) as channel:
+        reply = await echo_pb2_grpc.EchoServiceStub(channel).Echo(req)   # raises NotFound, ...
+
+    await check_health(address)   # "SERVING", "NOT_SERVING", ... or Unavailable
+
+Servers: keepalive, message-size limits, ``grpc.health.v1`` and reflection
+(no token needed), and per call a SERVER span, bearer-token auth, error
+mapping and one log line.  Channels: token and trace context in the metadata,
+a default deadline, a CLIENT span, typed errors.  Error mapping is in
+:mod:`fireflyer.rpc.errors`; tokens and roles in :mod:`fireflyer.rpc.auth`.
+"""
+
+from .auth import (
+    ANONYMOUS_ADMIN,
+    ROLES,
+    Principal,
+    TokenEntry,
+    TokenStore,
+    current_method,
+    current_principal,
+    generate_token,
+    require_role,
+    requires,
+    write_tokens_file,
+)
+from .channel import connect
+from .errors import (
+    ERROR_DETAILS_KEY,
+    error_class_for_status,
+    error_from_rpc_error,
+    status_for_error,
+)
+from .health import check_health
+from .server import RpcServer
+
+__all__ = [
+    "RpcServer",
+    "connect",
+    "check_health",
+    "Principal",
+    "TokenEntry",
+    "TokenStore",
+    "ROLES",
+    "ANONYMOUS_ADMIN",
+    "generate_token",
+    "write_tokens_file",
+    "current_principal",
+    "current_method",
+    "require_role",
+    "requires",
+    "ERROR_DETAILS_KEY",
+    "status_for_error",
+    "error_class_for_status",
+    "error_from_rpc_error",
+]

@@ -1,0 +1,29 @@
+"""OpenTelemetry for every Fire-Flyer process.
+
+    setup_tracing("mgmtd", "mgmtd-0", state_dir=".ff")   # once, at start-up
+    with tracer(__name__).start_as_current_span("op"): ...
+    inject(headers)            # before sending: gRPC metadata, NATS headers, wire headers
+    ctx = extract(headers)     # on receipt: parent context for the handler span
+    shutdown_tracing()         # at exit: flushes what is buffered
+
+Export goes to OTLP/gRPC when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or the
+``telemetry.otlp_endpoint`` setting) is set, and otherwise to a JSON-lines span
+file (``<state_dir>/spans.jsonl`` unless ``telemetry.span_file`` says otherwise)
+that ``ff`` and tests read back.  Trace context travels as W3C ``traceparent``.
+"""
+
+from .propagation import extract, inject, trace_id_hex
+from .setup import setup_tracing, shutdown_tracing, tracer, tracing_configured
+from .spanfile import JsonLinesSpanExporter, read_spans
+
+__all__ = [
+    "setup_tracing",
+    "shutdown_tracing",
+    "tracer",
+    "tracing_configured",
+    "inject",
+    "extract",
+    "trace_id_hex",
+    "JsonLinesSpanExporter",
+    "read_spans",
+]

@@ -1,0 +1,83 @@
+"""The tracer provider of a process: one per process, named for its service."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+from fireflyer.core.config import TelemetrySettings
+from fireflyer.core.log import get_logger
+
+from .spanfile import JsonLinesSpanExporter
+
+__all__ = ["setup_tracing", "shutdown_tracing", "tracer", "tracing_configured"]
+
+log = get_logger(__name__)
+_lock = threading.Lock()
+_provider: TracerProvider | None = None
+
+
+def setup_tracing(
+    service: str,
+    instance: str,
+    *,
+    state_dir: str | os.PathLike[str] | None = None,
+    settings: TelemetrySettings | None = None,
+    env: dict[str, str] | None = None,
+    batch: bool = True,
+) -> TracerProvider | None:
+    """Install this process's tracer provider (first call wins; later calls return it).
+
+    Returns None when telemetry is disabled.  ``batch=False`` exports each span
+    as it ends (tests and short CLI runs).
+    """
+    global _provider
+    settings = settings or TelemetrySettings()
+    environ = os.environ if env is None else env
+    with _lock:
+        if _provider is not None:
+            return _provider
+        if not settings.enabled:
+            return None
+        resource = Resource.create({"service.name": service, "service.instance.id": instance})
+        provider = TracerProvider(resource=resource)
+        endpoint = settings.otlp_endpoint or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        if endpoint:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+            exporter = OTLPSpanExporter(endpoint=endpoint)
+            where = endpoint
+        else:
+            span_file = settings.span_file or str(Path(state_dir or ".ff") / "spans.jsonl")
+            exporter = JsonLinesSpanExporter(span_file)
+            where = span_file
+        provider.add_span_processor(BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        _provider = provider
+        log.debug("telemetry.started", exporter=type(exporter).__name__, to=where)
+        return provider
+
+
+def shutdown_tracing(timeout_s: float = 5.0) -> None:
+    """Flush buffered spans and stop exporting (idempotent)."""
+    global _provider
+    with _lock:
+        provider, _provider = _provider, None
+    if provider is not None:
+        provider.force_flush(int(timeout_s * 1000))
+        provider.shutdown()
+
+
+def tracing_configured() -> bool:
+    """Whether this process already has its provider (in-process test services share one)."""
+    return _provider is not None
+
+
+def tracer(name: str) -> trace.Tracer:
+    return trace.get_tracer(name)

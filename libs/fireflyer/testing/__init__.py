@@ -1,0 +1,1 @@
+"""Fixtures, fakes and fault injectors usable by tests and benchmarks."""

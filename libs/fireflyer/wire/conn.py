@@ -1,0 +1,271 @@
+"""One framed, blocking TCP connection: the I/O under both client and server.
+
+Hot-path choices, and why:
+
+- **Blocking sockets in threads**, never asyncio: a blocked ``sendmsg``/``recv_into`` releases the
+  GIL, and each call moves megabytes, so Python's per-call overhead disappears into the copy the
+  kernel does anyway.
+- **Timeouts without Python timeouts.**  ``socket.settimeout`` makes CPython poll() before every
+  call.  Instead the socket stays in blocking mode and the kernel enforces ``SO_RCVTIMEO`` /
+  ``SO_SNDTIMEO`` (``io_timeout_s``): a call that makes no progress for that long fails with
+  ``EAGAIN``.  At a frame boundary a receive timeout only means "idle" (:class:`Idle`); inside a
+  frame it means the peer stalled, and the connection is given up.
+- **Zero copy.**  ``sendmsg([prefix+header, payload])`` hands the caller's buffer to the kernel
+  with the small head in the same call; payloads are received with ``recv_into`` straight into
+  the caller's buffer with ``MSG_WAITALL`` (one system call per chunk instead of one per
+  socket-buffer's worth).  Large payloads move in ``CHUNK`` pieces so ``io_timeout_s`` bounds the
+  time without progress, not the time for the whole payload.
+- **Small read-ahead** for prefix and header (one ``recv_into`` usually gets both, and the next
+  frame's start when requests are small); whatever payload bytes it caught are copied out first,
+  at most one read-ahead buffer per frame.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+import threading
+from typing import Any, NoReturn
+
+from fireflyer.core.errors import (
+    DeadlineExceeded,
+    FireFlyerError,
+    InvalidArgument,
+    ProtocolError,
+    Unavailable,
+)
+
+from .frame import PREFIX, FrameLimits, Header, decode_header, encode_head, parse_prefix
+
+__all__ = ["FramedSocket", "Idle", "PeerClosed", "as_bytes_view", "tune_socket", "CHUNK"]
+
+#: largest single sendmsg/recv_into; a few MiB keeps per-call overhead negligible
+CHUNK = 8 << 20
+_READAHEAD = 64 * 1024
+_LINGER_S = 0.5  # per read, when draining a rejected peer's input before closing
+_LINGER_READS = 64
+_EMPTY = memoryview(b"")
+
+
+class Idle(Exception):
+    """No frame started within ``io_timeout_s`` (not an error: the caller decides)."""
+
+
+class PeerClosed(Unavailable):
+    """The peer closed the connection cleanly between frames."""
+
+
+def as_bytes_view(buf: Any, *, writable: bool = False) -> memoryview:
+    """A flat unsigned-byte view of any buffer (bytes, bytearray, memoryview, numpy array)."""
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    if writable and view.readonly:
+        raise InvalidArgument("receive buffer is read-only", type=type(buf).__name__)
+    if not view.c_contiguous:
+        raise InvalidArgument("buffer must be C-contiguous", type=type(buf).__name__)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+def _timeval(seconds: float | None) -> bytes:
+    # struct timeval; all zero means "wait forever"
+    us = max(1, round(seconds * 1e6)) if seconds and seconds > 0 else 0
+    return struct.pack("ll", us // 1_000_000, us % 1_000_000)
+
+
+def tune_socket(sock: socket.socket, *, io_timeout_s: float | None, buf_bytes: int | None = None) -> None:
+    """Blocking mode, no Nagle, kernel-side I/O timeouts, optional fixed socket buffers.
+
+    ``buf_bytes`` None keeps Linux's buffer auto-tuning, which usually beats a fixed size
+    (a fixed SO_RCVBUF is capped by ``net.core.rmem_max`` and turns auto-tuning off).
+    """
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if buf_bytes:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buf_bytes)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buf_bytes)
+    set_io_timeout(sock, io_timeout_s)
+
+
+def set_io_timeout(sock: socket.socket, seconds: float | None) -> None:
+    tv = _timeval(seconds)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
+def _is_timeout(e: OSError) -> bool:
+    return isinstance(e, BlockingIOError | TimeoutError) or e.errno in (errno.EAGAIN, errno.EWOULDBLOCK)
+
+
+class FramedSocket:
+    """Frames over one connected socket.  Sends are thread-safe; receives belong to one thread."""
+
+    def __init__(self, sock: socket.socket, *, peer: str, limits: FrameLimits,
+                 io_timeout_s: float | None) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.limits = limits
+        self.io_timeout_s = io_timeout_s
+        self.send_lock = threading.Lock()
+        self._rbuf = bytearray(max(_READAHEAD, PREFIX.size + limits.max_header_bytes))
+        self._rview = memoryview(self._rbuf)
+        self._rpos = 0  # next unread byte of the read-ahead buffer
+        self._rend = 0  # end of valid bytes in it
+        self.broken = False
+        self._send_broken = False  # the outgoing stream may still be fine when the incoming one is not
+        #: why the connection broke (the error raised when it did), for whoever closes it
+        self.failure: FireFlyerError | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ sending
+
+    def send_frame(self, header: Header, payload: memoryview = _EMPTY) -> None:
+        """Send one frame; the caller holds ``send_lock`` when other threads may send too.
+
+        Any failure leaves the stream in an unknown state, so it marks the connection broken.
+        """
+        n = len(payload)
+        head = encode_head(header, n)
+        try:
+            self._sendmsg(memoryview(head), payload[:CHUNK] if n else _EMPTY)
+            for off in range(CHUNK, n, CHUNK):
+                self._sendmsg(_EMPTY, payload[off:off + CHUNK])
+        except OSError as e:
+            self._send_broken = True
+            if _is_timeout(e):
+                raise self._break(DeadlineExceeded(
+                    f"sending to {self.peer} made no progress for {self.io_timeout_s}s",
+                    peer=self.peer, reason="stalled")) from None
+            raise self._break(Unavailable(f"connection to {self.peer} failed while sending: {e}",
+                                          peer=self.peer, reason="send_failed")) from None
+
+    def _sendmsg(self, head: memoryview, body: memoryview) -> None:
+        # sendmsg may send part (kernel timeout, signal); resume where it stopped
+        while head or body:
+            sent = self.sock.sendmsg([head, body] if head and body else [head or body])
+            if sent >= len(head):
+                body = body[sent - len(head):]
+                head = _EMPTY
+            else:
+                head = head[sent:]
+
+    # ---------------------------------------------------------------- receiving
+
+    def read_header(self) -> tuple[Header, int]:
+        """Wait for the next frame's prefix and header; return (header, payload_len).
+
+        Raises :class:`Idle` if nothing arrived within the I/O timeout, :class:`PeerClosed` on a
+        clean close between frames, :class:`ProtocolError` (``reason``) on a bad or truncated
+        frame, :class:`DeadlineExceeded` if the peer stalled inside the frame.
+        """
+        if self._rend - self._rpos < PREFIX.size:
+            self._fill(PREFIX.size, at_boundary=True)
+        try:
+            header_len, payload_len = parse_prefix(self._rview[self._rpos:self._rpos + PREFIX.size],
+                                                   self.limits)
+            self._rpos += PREFIX.size
+            if self._rend - self._rpos < header_len:
+                self._fill(header_len, at_boundary=False)
+            header = decode_header(self._rview[self._rpos:self._rpos + header_len])
+        except ProtocolError as e:
+            raise self._break(e) from None
+        self._rpos += header_len
+        return header, payload_len
+
+    def _fill(self, need: int, *, at_boundary: bool) -> None:
+        """Read until ``need`` unread bytes are buffered (taking whatever more is available)."""
+        have = self._rend - self._rpos
+        if self._rpos:
+            # compact: the unread tail moves to the front (a few bytes, usually none); through
+            # bytes() because source and target overlap
+            self._rbuf[:have] = bytes(self._rview[self._rpos:self._rend])
+            self._rpos, self._rend = 0, have
+        while self._rend < need:
+            try:
+                got = self.sock.recv_into(self._rview[self._rend:])
+            except OSError as e:
+                self._recv_failed(e, idle=at_boundary and self._rend == 0)
+            if got == 0:
+                if at_boundary and self._rend == 0:
+                    raise PeerClosed(f"{self.peer} closed the connection", peer=self.peer)
+                raise self._break(ProtocolError(f"{self.peer} closed the connection inside a frame",
+                                                reason="truncated", peer=self.peer))
+            self._rend += got
+
+    def recv_into(self, dest: memoryview) -> None:
+        """Receive exactly ``len(dest)`` payload bytes into ``dest``."""
+        off = min(self._rend - self._rpos, len(dest))
+        if off:
+            dest[:off] = self._rview[self._rpos:self._rpos + off]
+            self._rpos += off
+        n = len(dest)
+        while off < n:
+            try:
+                got = self.sock.recv_into(dest[off:off + CHUNK], 0, socket.MSG_WAITALL)
+            except OSError as e:
+                self._recv_failed(e, idle=False)
+            if got == 0:
+                raise self._break(ProtocolError(f"{self.peer} closed the connection inside a payload "
+                                                f"({off} of {n} bytes received)",
+                                                reason="truncated", peer=self.peer))
+            off += got
+
+    def discard(self, n: int) -> None:
+        """Skip ``n`` payload bytes nobody wants (unknown request id, unread by a handler)."""
+        scratch = memoryview(bytearray(min(n, 1 << 20)))
+        while n:
+            k = min(n, len(scratch))
+            self.recv_into(scratch[:k])
+            n -= k
+
+    def _recv_failed(self, e: OSError, *, idle: bool) -> NoReturn:
+        if _is_timeout(e):
+            if idle:
+                raise Idle() from None
+            raise self._break(DeadlineExceeded(f"{self.peer} stalled inside a frame for {self.io_timeout_s}s",
+                                               peer=self.peer, reason="stalled")) from None
+        if self._closed:
+            raise self._break(Unavailable(f"connection to {self.peer} was closed",
+                                          peer=self.peer, reason="closed")) from None
+        raise self._break(Unavailable(f"connection to {self.peer} failed: {e}",
+                                      peer=self.peer, reason="recv_failed")) from None
+
+    def _break(self, err: FireFlyerError) -> FireFlyerError:
+        # the stream position is now unknown: nothing more can be framed on this connection
+        self.broken = True
+        if self.failure is None:
+            self.failure = err
+        return err
+
+    # ------------------------------------------------------------------ closing
+
+    def shutdown(self) -> None:
+        """Wake any thread blocked on this socket (close alone does not, on Linux)."""
+        self._closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.shutdown()
+        self.sock.close()
+
+    def send_error_and_close(self, header: Header) -> None:
+        """Best effort: tell the peer why, then close (used on rejected connections)."""
+        try:
+            if not self._send_broken:
+                with self.send_lock:
+                    self.send_frame(header)
+                self.sock.shutdown(socket.SHUT_WR)
+                # lingering close: closing with unread input makes the kernel send a reset, which
+                # can destroy the error frame before the peer reads it; drain a little first
+                set_io_timeout(self.sock, _LINGER_S)
+                scratch = self._rview
+                for _ in range(_LINGER_READS):
+                    if not self.sock.recv_into(scratch):
+                        break
+        except (OSError, FireFlyerError):
+            pass
+        self.close()
