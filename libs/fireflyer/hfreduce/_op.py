@@ -1,0 +1,141 @@
+"""Per-op state of the HFReduce node engine: chunk layout, progress counters, telemetry.
+
+One :class:`OpState` exists per ``allreduce`` call.  The engine's threads share it
+under the engine lock; ownership of the caller's ``work`` buffer during the op:
+
+- chunk ``c`` of tree ``t`` holds this node's partial until the tree's up thread
+  reduces the children's chunk ``c`` into it (in place) and sends it to the parent;
+- a non-root then receives the final chunk from its parent straight into the same
+  place (safe: its partial for that chunk is already in the kernel's socket buffer
+  or at the parent), the root has it final after its reduce (and ``avg`` division);
+- from then on it is read-only: down writers send it to the children and
+  ``on_final`` sees it.  ``work`` goes back to the caller when ``remaining`` is 0.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import msgspec
+import numpy as np
+
+from fireflyer.hfreduce.kernels import cast_into
+from fireflyer.hfreduce.trees import split_halves
+from fireflyer.hfreduce.types import Fingerprint, OpStats, PeerStats, TreeStats
+
+__all__ = ["OpState", "Layout", "divide_inplace", "fp_wire", "fp_from_wire"]
+
+
+class Layout(msgspec.Struct, frozen=True):
+    """Elements ``[start, stop)`` of one tree, cut in ``nchunks`` chunks of ``per_chunk`` elements.
+
+    An empty half still has one (empty) chunk, so every op exchanges at least one
+    frame per link and direction: every op is fingerprinted and paced the same way.
+    Exception: inline (small) ops put everything on tree 0 and give tree 1 no
+    chunk; tree 0 spans all nodes, so every node's fingerprint is still compared.
+    """
+
+    start: int
+    stop: int
+    per_chunk: int
+    nchunks: int
+
+    def chunk(self, c: int) -> tuple[int, int]:
+        a = self.start + c * self.per_chunk
+        return a, min(self.stop, a + self.per_chunk)
+
+
+def fp_wire(fp: Fingerprint) -> list[object]:
+    return list(msgspec.structs.astuple(fp))
+
+
+def fp_from_wire(v: object) -> str:
+    """Readable form of a peer's fingerprint (whatever it sent)."""
+    try:
+        return str(Fingerprint(*v))  # type: ignore[misc]
+    except Exception:  # noqa: BLE001 - a garbled fingerprint is still worth showing
+        return repr(v)
+
+
+def divide_inplace(x: np.ndarray, d: int) -> None:
+    """``x /= d`` with the kernels' ``avg`` semantics (true division; floor for ints; RNE for low-p)."""
+    if d == 1 or x.size == 0:
+        return
+    if x.dtype.kind in "iu":
+        np.floor_divide(x, x.dtype.type(d), out=x)
+    elif x.dtype in (np.float32, np.float64):
+        np.divide(x, x.dtype.type(d), out=x)
+    else:  # float16 / bfloat16 / fp8: divide in float32, round once
+        tmp = x.astype(np.float32)
+        tmp /= np.float32(d)
+        cast_into(x, tmp, threads=1)
+
+
+class OpState:
+    """Progress of one collective on this node (fields change under the engine lock)."""
+
+    def __init__(self, k: int, fp: Fingerprint, work: np.ndarray, redop: str, avg_divisor: int,
+                 on_final: Callable[[int, int], None] | None, chunk_bytes: int, nlinks: int,
+                 child_links_per_tree: tuple[int, int], *, inline: bool = False) -> None:
+        self.k = k
+        self.fp = fp
+        self.wire_fp = fp_wire(fp)
+        self.work = work
+        self.wbytes = memoryview(work.view(np.uint8)) if work.size else memoryview(b"")
+        self.isz = work.dtype.itemsize
+        self.redop = redop
+        self.avg_divisor = avg_divisor
+        self.on_final = on_final
+        #: the caller's ``fill(start, stop)`` (threaded ops only), run per chunk by the fill thread
+        self.fill: Callable[[int, int], None] | None = None
+        per = max(1, chunk_bytes // self.isz)
+        count = work.size
+        if inline:  # small op: all of it on tree 0 in one chunk; tree 1 carries no frame at all
+            self.layouts: tuple[Layout, Layout] = (Layout(0, count, max(per, count), 1),
+                                                   Layout(count, count, per, 0))
+        else:
+            self.layouts = tuple(  # type: ignore[assignment]
+                Layout(a, b, per, max(1, -(-(b - a) // per))) for a, b in split_halves(count))
+        #: chunks of each tree whose local partial is in ``work`` (the fill thread's progress;
+        #: without ``fill`` the caller's buffer already holds it all)
+        self.filled = [lay.nchunks for lay in self.layouts]
+        #: chunks the up thread finished (sent up, or final at the root), per tree
+        self.up_done = [0, 0]
+        #: chunks final on this node, per tree (a prefix: chunks finish in order)
+        self.final = [0, 0]
+        self.up_sending = [False, False]
+        #: small op: one chunk on tree 0, each step run by whichever thread completes its inputs
+        self.inline = inline
+        #: inline up step of tree t taken by some thread
+        self.claimed = [False, False]
+        self.status_sent = False
+        # completion: every chunk final, every down send done, the up stream of each tree through
+        self.remaining = sum(lay.nchunks + (lay.nchunks > 0) for lay in self.layouts) + sum(
+            n * lay.nchunks for n, lay in zip(child_links_per_tree, self.layouts, strict=True))
+        self.t0 = time.monotonic()
+        self.started_at = time.time()
+        self.up_end = [0.0, 0.0]
+        self.down_end = [0.0, 0.0]
+        self.sent_b = [0] * nlinks
+        self.recv_b = [0] * nlinks
+        self.io_s = [0.0] * nlinks
+
+    def nbytes(self, a: int, b: int) -> tuple[int, int]:
+        return a * self.isz, b * self.isz
+
+    def stats(self, link_peers: list[int]) -> OpStats:
+        trees = []
+        for t in (0, 1):
+            up = max(0.0, self.up_end[t] - self.t0)
+            down = max(0.0, self.down_end[t] - max(self.up_end[t], self.t0)) if self.down_end[t] else 0.0
+            trees.append(TreeStats(up_s=up, down_s=down))
+        peers: dict[int, PeerStats] = {}
+        for i, p in enumerate(link_peers):
+            ps = peers.setdefault(p, PeerStats())
+            ps.bytes_sent += self.sent_b[i]
+            ps.bytes_received += self.recv_b[i]
+            ps.transfer_s += self.io_s[i]
+        return OpStats(seq=self.fp.seq, kind=self.fp.kind, nbytes=self.work.nbytes, trees=trees,
+                       peers=peers, started_at=self.started_at,
+                       finished_at=self.started_at + (time.monotonic() - self.t0))

@@ -1,0 +1,384 @@
+"""The data path of the node engine: per-chunk steps and the long-lived threads that run them.
+
+:class:`Pipeline` is a mixin of :class:`~fireflyer.hfreduce.engine.NodeEngine`; it
+holds no state of its own (the attributes it uses are created by the engine).
+Steps, each for one chunk ``c`` of tree ``t`` of the current op:
+
+- :meth:`_up_step` -- the children's chunk ``c`` (already in ring slots) is reduced
+  into ``work`` in a fixed order (own first, then ``children`` in tree order), then
+  sent to the parent or, at the root, divided for ``avg`` and finalised;
+- :meth:`_down_step` -- a final chunk is sent to one child;
+- :meth:`_recv_up` / :meth:`_recv_down` -- the readers' halves (ring slot, or
+  straight into ``work`` followed by ``on_final``).
+
+Large ops run the steps on dedicated threads (one up thread per tree, one down
+writer per child link) so both trees and both directions stream at once.  Ops
+that fit in one chunk per tree (``inline``) run each step on whichever thread
+completes its inputs: the caller (on posting: leaves send at once) or the reader
+that received the last child chunk (reduce, send up / down) or the final chunk
+(forward to the children).  That saves the hand-offs to the up and down threads,
+which are most of the latency of a small allreduce.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fireflyer.core.errors import FireFlyerError, ProtocolError
+from fireflyer.core.log import get_logger
+from fireflyer.hfreduce import kernels
+from fireflyer.hfreduce._links import CHILD, PARENT, Link
+from fireflyer.hfreduce._op import OpState, divide_inplace, fp_from_wire
+from fireflyer.hfreduce.errors import FingerprintMismatch, HFReduceError
+from fireflyer.wire.frame import Request
+
+if TYPE_CHECKING:
+    from fireflyer.hfreduce.engine import NodeEngine
+
+__all__ = ["Pipeline", "UP", "DOWN", "WAIT", "ABORT"]
+
+_log = get_logger("fireflyer.hfreduce.engine")
+
+UP, DOWN, WAIT, ABORT = "hfr.up", "hfr.down", "hfr.wait", "hfr.abort"
+
+
+class _Failed(Exception):
+    """A step found the engine failed (the failure is already recorded)."""
+
+
+class Pipeline:
+    """Chunk steps and thread loops (mixin; see the module docstring)."""
+
+    # ------------------------------------------------------------------ steps
+
+    def _up_step(self: NodeEngine, st: OpState, t: int, c: int) -> None:
+        """Reduce the children's chunk ``c`` (arrived) into ours; send it up or finalise it."""
+        children = self._children[t]
+        parent = self._parent[t]
+        ring = self._ring
+        lay = st.layouts[t]
+        a, b = lay.chunk(c)
+        with self._mu:
+            metas = [lk.meta[lk.consumed % ring] for lk in children]
+        if children:
+            inputs = [st.work[a:b]]
+            for lk, (rid, cc, plen, fp, dt) in zip(children, metas, strict=True):
+                self._check_frame(st, lk, rid, cc, fp, c, plen, (b - a) * st.isz)
+                i = self._links.index(lk)
+                st.recv_b[i] += plen
+                st.io_s[i] += dt
+                inputs.append(np.frombuffer(lk.slots[lk.consumed % ring], dtype=st.work.dtype, count=b - a))
+            if b > a:
+                kernels.reduce_into(inputs[0], inputs, st.redop, threads=1)
+            with self._mu:
+                for lk in children:
+                    lk.consumed += 1
+                    lk.cv.notify()  # type: ignore[union-attr]
+        last = c == lay.nchunks - 1
+        if parent is None:
+            if st.avg_divisor != 1:
+                divide_inplace(st.work[a:b], st.avg_divisor)
+            if last:
+                st.up_end[t] = time.monotonic()
+            with self._mu:
+                st.up_done[t] = c + 1
+            self._finalize(st, t, c, a, b)
+        else:
+            meta = {"c": c, "fp": st.wire_fp} if c == 0 else {"c": c}
+            x, y = st.nbytes(a, b)
+            with self._mu:
+                st.up_sending[t] = True
+            try:
+                dt = parent.send(Request(rid=st.k, op=UP, meta=meta), st.wbytes[x:y])
+            except (OSError, FireFlyerError) as e:
+                self._link_failed(parent, e)
+                raise _Failed() from None
+            i = self._links.index(parent)
+            st.sent_b[i] += y - x
+            st.io_s[i] += dt
+            if last:
+                st.up_end[t] = time.monotonic()
+            with self._mu:
+                st.up_sending[t] = False
+                st.up_done[t] = c + 1
+                self._progress_at = time.monotonic()
+        if last:
+            self._count_down(st)
+
+    def _down_step(self: NodeEngine, st: OpState, lk: Link, c: int) -> None:
+        """Send final chunk ``c`` of ``lk``'s tree to child ``lk``."""
+        x, y = st.nbytes(*st.layouts[lk.tree].chunk(c))
+        meta = {"c": c, "fp": st.wire_fp} if c == 0 else {"c": c}
+        try:
+            dt = lk.send(Request(rid=st.k, op=DOWN, meta=meta), st.wbytes[x:y])
+        except (OSError, FireFlyerError) as e:
+            self._link_failed(lk, e)
+            raise _Failed() from None
+        i = self._links.index(lk)
+        st.sent_b[i] += y - x
+        st.io_s[i] += dt
+        with self._mu:
+            lk.sent = c + 1
+            self._progress_at = time.monotonic()
+            st.remaining -= 1
+            if st.remaining == 0:
+                self._done_cv.notify()
+
+    def _check_frame(self: NodeEngine, st: OpState, lk: Link, rid: int, c: int, fp: object, want_c: int,
+                     plen: int, want_len: int) -> None:
+        if want_c == 0 and fp != st.wire_fp or rid != st.k:
+            raise FingerprintMismatch(
+                f"collective mismatch on {self.who(self.node)}: we run {st.fp} but {self.who(lk.peer)} "
+                f"runs {fp_from_wire(fp)} (every node must issue the same collectives in the same order)",
+                node=self.node, peer=lk.peer, ours=str(st.fp), theirs=fp_from_wire(fp))
+        if c != want_c or plen != want_len:
+            raise HFReduceError(
+                f"{st.fp} on {self.who(self.node)}: {self.who(lk.peer)} sent chunk {c} of {plen} bytes in "
+                f"tree {lk.tree}, expected chunk {want_c} of {want_len} bytes (same chunk_bytes everywhere?)",
+                node=self.node, peer=lk.peer, tree=lk.tree, chunk=want_c)
+
+    def _finalize(self: NodeEngine, st: OpState, t: int, c: int, a: int, b: int) -> None:
+        with self._mu:
+            st.final[t] = c + 1
+            self._progress_at = time.monotonic()
+            self._down_cv[t].notify_all()
+        if st.on_final is not None and b > a:
+            try:
+                st.on_final(a, b)
+            except Exception as e:  # noqa: BLE001 - the caller's callback failed: the op fails
+                self._fail(HFReduceError(f"{st.fp} on node {self.node}: on_final({a}, {b}) raised {e!r}",
+                                         node=self.node, seq=st.fp.seq))
+        self._count_down(st)
+
+    def _count_down(self: NodeEngine, st: OpState) -> None:
+        with self._mu:
+            st.remaining -= 1
+            if st.remaining == 0:
+                self._done_cv.notify()
+
+    # ------------------------------------------------------------------ threads
+
+    def _wait_op(self: NodeEngine, last: int) -> OpState | None:
+        """The next threaded op after op ``last`` (inline ops are the caller's), or None when failed."""
+        with self._mu:
+            while self._failure is None and (self._op is None or self._op.k <= last or self._op.inline):
+                self._post_cv.wait()
+            return self._op if self._failure is None else None
+
+    def _up_loop(self: NodeEngine, t: int) -> None:
+        """Tree ``t``'s up stream, chunk after chunk, op after op."""
+        children = self._children[t]
+        last = -1
+        try:
+            while (st := self._wait_op(last)) is not None:
+                for c in range(st.layouts[t].nchunks):
+                    with self._mu:
+                        while self._failure is None and (st.filled[t] <= c or any(
+                                lk.arrived <= lk.consumed for lk in children)):
+                            self._up_cv[t].wait()
+                        if self._failure is not None:
+                            return
+                    self._up_step(st, t, c)
+                last = st.k
+        except _Failed:
+            return
+        except HFReduceError as e:
+            self._fail(e)
+        except Exception as e:  # noqa: BLE001 - a bug must fail the op, not hang it
+            _log.exception("hfreduce up thread crashed", node=self.node, tree=t)
+            self._fail(HFReduceError(f"node {self.node}: internal error in tree {t} up thread: {e!r}",
+                                     node=self.node, tree=t))
+
+    def _fill_loop(self: NodeEngine, _: object) -> None:
+        """Produce our partial of each op (the caller's ``fill``) ahead of the up threads.
+
+        Chunks alternate between the trees (0 of tree 0, 0 of tree 1, 1 of tree 0, ...) so
+        both up streams start after one chunk of local work; each up thread waits for
+        ``filled`` as it waits for its children.  Ops without ``fill`` are skipped.
+        """
+        last = -1
+        try:
+            while (st := self._wait_op(last)) is not None:
+                last = st.k
+                if st.fill is None:
+                    continue  # the caller's buffer holds the partial already
+                lays = st.layouts
+                for c in range(max(lay.nchunks for lay in lays)):
+                    for t in (0, 1):
+                        if c < lays[t].nchunks:
+                            self._fill_chunk(st, t, c)
+        except _Failed:
+            return
+        except Exception as e:  # noqa: BLE001 - a bug must fail the op, not hang it
+            _log.exception("hfreduce fill thread crashed", node=self.node)
+            self._fail(HFReduceError(f"node {self.node}: internal error in the fill thread: {e!r}",
+                                     node=self.node))
+
+    def _fill_chunk(self: NodeEngine, st: OpState, t: int, c: int) -> None:
+        a, b = st.layouts[t].chunk(c)
+        if st.fill is not None and b > a:
+            try:
+                st.fill(a, b)
+            except Exception as e:  # noqa: BLE001 - the caller's callback failed: the op fails
+                self._fail(HFReduceError(f"{st.fp} on node {self.node}: fill({a}, {b}) raised {e!r}",
+                                         node=self.node, seq=st.fp.seq, tree=t))
+                raise _Failed() from None
+        with self._mu:
+            if self._failure is not None:
+                raise _Failed()
+            st.filled[t] = c + 1
+            if st.fill is not None:
+                self._progress_at = time.monotonic()
+            self._up_cv[t].notify()
+
+    def _down_loop(self: NodeEngine, lk: Link) -> None:
+        """Send each final chunk of tree ``lk.tree`` to child ``lk.peer`` as soon as it is final."""
+        t = lk.tree
+        last = -1
+        try:
+            while (st := self._wait_op(last)) is not None:
+                with self._mu:
+                    lk.sent = 0
+                for c in range(st.layouts[t].nchunks):
+                    with self._mu:
+                        while self._failure is None and st.final[t] <= c:
+                            self._down_cv[t].wait()
+                        if self._failure is not None:
+                            return
+                    self._down_step(st, lk, c)
+                last = st.k
+        except _Failed:
+            return
+
+    def _claim_up(self: NodeEngine, st: OpState, t: int) -> bool:
+        """Under the lock: may this thread run inline op ``st``'s up step of tree ``t`` now?
+
+        True exactly once per tree: for the first thread that sees the op posted
+        and every child's chunk arrived (the caller on posting, a reader on arrival).
+        """
+        if not st.inline or st.claimed[t] or self._op is not st or not st.layouts[t].nchunks:
+            return False
+        if any(lk.arrived <= lk.consumed for lk in self._children[t]):
+            return False
+        st.claimed[t] = True
+        return True
+
+    def _inline_up(self: NodeEngine, st: OpState, t: int) -> None:
+        """Run a claimed inline up step (and, at the root, the down sends) on this thread."""
+        try:
+            self._up_step(st, t, 0)
+            if self._parent[t] is None:
+                for lk in self._children[t]:
+                    self._down_step(st, lk, 0)
+        except _Failed:
+            pass
+        except HFReduceError as e:
+            self._fail(e)
+
+    # ------------------------------------------------------------------ readers
+
+    def _read_loop(self: NodeEngine, lk: Link) -> None:
+        """Receive every frame of one link, in order, for as long as it lives."""
+        fs = lk.fs
+        try:
+            while True:
+                hdr, plen = fs.read_header()
+                if not isinstance(hdr, Request):
+                    raise ProtocolError(f"unexpected {type(hdr).__name__} frame", reason="bad_frame")
+                if hdr.op == ABORT:
+                    self._on_abort(lk, hdr)
+                    fs.discard(plen)
+                    continue
+                with self._mu:
+                    lk.seen_op = max(lk.seen_op, hdr.rid)
+                    failed = self._failure is not None
+                if failed or hdr.op == WAIT:
+                    fs.discard(plen)  # after a failure: drain, so the peers' writers never block
+                    continue
+                try:
+                    if hdr.op == UP and lk.role == CHILD:
+                        self._recv_up(lk, hdr, plen)
+                    elif hdr.op == DOWN and lk.role == PARENT:
+                        self._recv_down(lk, hdr, plen)
+                    else:
+                        raise ProtocolError(f"{hdr.op} frame from our {lk.role}", reason="bad_frame")
+                except HFReduceError as e:
+                    self._fail(e)
+                    fs.discard(plen)
+        except (OSError, FireFlyerError) as e:
+            self._link_failed(lk, e)
+        except Exception as e:  # noqa: BLE001
+            _log.exception("hfreduce reader crashed", node=self.node, peer=lk.peer, tree=lk.tree)
+            self._fail(HFReduceError(f"node {self.node}: internal error reading from {lk.name()}: {e!r}",
+                                     node=self.node, peer=lk.peer))
+
+    def _recv_up(self: NodeEngine, lk: Link, hdr: Request, plen: int) -> None:
+        """An up chunk from a child: into the next ring slot (waiting while the ring is full).
+
+        Needs no op: the ring is a stream over all ops, so a child that is ahead of
+        us (or a peer of a node that never calls) is received without waiting.
+        """
+        with self._mu:
+            i = lk.arrived
+            while self._failure is None and i - lk.consumed >= self._ring:
+                lk.cv.wait()  # type: ignore[union-attr]
+            if self._failure is not None:
+                raise self._reraise()
+        slot = lk.slots[i % self._ring]
+        dt = 0.0
+        if plen <= len(slot):
+            t0 = time.perf_counter()
+            lk.fs.recv_into(slot[:plen])
+            dt = time.perf_counter() - t0
+        else:  # cannot be ours; the up step reports the mismatch
+            lk.fs.discard(plen)
+        meta = hdr.meta
+        with self._mu:
+            lk.meta[i % self._ring] = (hdr.rid, meta.get("c", -1), plen, meta.get("fp"), dt)
+            lk.arrived = i + 1
+            self._progress_at = time.monotonic()
+            st = self._op
+            claimed = st is not None and self._claim_up(st, lk.tree)
+            if not claimed:
+                self._up_cv[lk.tree].notify()
+        if claimed:
+            assert st is not None
+            self._inline_up(st, lk.tree)  # small op: reduce and send on, no hand-off to another thread
+
+    def _recv_down(self: NodeEngine, lk: Link, hdr: Request, plen: int) -> None:
+        """A final chunk from the parent: straight into ``work``, then ``on_final`` and the children."""
+        st = self._op
+        t = lk.tree
+        c = hdr.meta.get("c", -1)
+        if st is None or st.k != hdr.rid:
+            raise ProtocolError(f"{lk.name()} sent a final chunk of op {hdr.rid} which we are not running",
+                                reason="bad_frame")
+        if c == 0 and hdr.meta.get("fp") != st.wire_fp:
+            theirs = fp_from_wire(hdr.meta.get("fp"))
+            raise FingerprintMismatch(
+                f"collective mismatch on {self.who(self.node)}: we run {st.fp} but {self.who(lk.peer)} "
+                f"runs {theirs}", node=self.node, peer=lk.peer, ours=str(st.fp), theirs=theirs)
+        lay = st.layouts[t]
+        a, b = lay.chunk(st.final[t])
+        if c != st.final[t] or plen != (b - a) * st.isz:
+            raise HFReduceError(f"{st.fp} on {self.who(self.node)}: {lk.name()} sent final chunk {c} of "
+                                f"{plen} bytes, expected chunk {st.final[t]} of {(b - a) * st.isz}",
+                                node=self.node, peer=lk.peer, tree=t, chunk=st.final[t])
+        x, y = st.nbytes(a, b)
+        t0 = time.perf_counter()
+        lk.fs.recv_into(st.wbytes[x:y])
+        i = self._links.index(lk)
+        st.io_s[i] += time.perf_counter() - t0
+        st.recv_b[i] += plen
+        if c == lay.nchunks - 1:
+            st.down_end[t] = time.monotonic()
+        if st.inline:  # forward first (the children wait for it), then report
+            try:
+                for child in self._children[t]:
+                    self._down_step(st, child, 0)
+            except _Failed:
+                return
+        self._finalize(st, t, c, a, b)

@@ -1,0 +1,332 @@
+"""``ff bench allreduce``: HFReduce against torch.distributed/Gloo and the loopback bound, in one run.
+
+    ff bench allreduce --nodes 2 --local-ranks 4 --sizes 4,1M,16M,64M --dtype fp32 --vs gloo --json out.json
+
+Per run, for every size:
+
+- **ours**: the launcher (in-process, :class:`~fireflyer.hfreduce.launch.Launcher`)
+  starts N workers and N*K ranks of :mod:`._bench_rank` in HFReduce mode
+  (zero-copy ``comm.empty`` buffers, warm-up, barrier, timed loop);
+- **Gloo** (``--vs gloo``): the same N*K ranks, without workers, in Gloo mode
+  (``GLOO_SOCKET_IFNAME=lo``, ``OMP_NUM_THREADS=1``, a torch tensor of the same
+  dtype) -- the same total number of ranks, so the ratio is like for like;
+- **the loopback bound** (nodes > 1, sizes >= 1 MiB): ``C`` is the aggregate
+  throughput of ``nodes`` concurrent sender->receiver TCP pairs over loopback
+  (raw ``sendall`` / ``recv_into``, threads in this process).  Any allreduce
+  over n nodes moves 2(n-1)*S bytes between nodes in aggregate, so on one host
+  whose copies share C, ``algbw <= C / (2(n-1))``; ``fraction_of_bound`` says
+  how close ours gets.  C is the best of several short trials taken before and
+  after the collectives (a ceiling: load from neighbours only lowers a trial).
+
+Time per op is the max over ranks of each rank's mean.  ``algbw = S/t`` and
+``busbw = algbw * 2(n-1)/n`` with n the total ranks (nccl-tests' definitions);
+GB/s are 1e9 bytes per second.  The machine is shared and noisy: quote the
+ratios, which are measured in the same run, rather than absolute figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from fireflyer.core.errors import FireFlyerError, Internal
+
+from .launch import Launcher, print_line
+from .launch_plan import LaunchOptions, parse_size
+
+__all__ = ["main", "run_bench", "loopback_capacity", "busbw", "table_rows", "markdown_table", "RankResults"]
+
+#: rank program (``python -m``), shared by both modes
+_RANK_MODULE = "fireflyer.hfreduce._bench_rank"
+_MIN_BOUND_BYTES = 1 << 20
+_GB = 1e9
+
+RankResults = dict[int, list[dict[str, Any]]]
+
+
+def busbw(algbw: float, n: int) -> float:
+    """nccl-tests' bus bandwidth of an allreduce over ``n`` ranks."""
+    return algbw * 2 * (n - 1) / n if n > 1 else algbw
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
+def _torch_version() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return str(torch.__version__)
+
+
+# -- running the ranks ---------------------------------------------------------------------------------------------
+
+def _run_ranks(mode: str, nodes: int, local_ranks: int, sizes: list[int], dtype: str, *, target_s: float,
+               chunk_size: str | None, timeout_s: float | None, deadline_s: float) -> RankResults:
+    """Launch one job of the rank program; the size -> per-rank records it printed."""
+    results: RankResults = {}
+    lock = threading.Lock()
+
+    def sink(source: str, stream: str, line: str) -> None:
+        if stream == "stdout" and line.startswith("{") and '"ff_bench_rank"' in line:
+            rec = json.loads(line)["ff_bench_rank"]
+            with lock:
+                results.setdefault(int(rec["requested_bytes"]), []).append(rec)
+        else:
+            print_line(source, "stderr", line)
+
+    env = dict(os.environ)
+    if mode == "gloo":  # the settings research/allreduce.md §2 measured Gloo with: loopback, one op thread
+        env.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
+    cmd = [sys.executable, "-m", _RANK_MODULE, "--mode", mode, "--sizes", ",".join(map(str, sizes)),
+           "--dtype", dtype, "--target-s", f"{target_s:g}"]
+    if mode == "gloo":  # the same total number of ranks; Gloo needs no HFReduce workers
+        opts = LaunchOptions(nodes=1, local_ranks=nodes * local_ranks)
+        launcher = Launcher(opts, cmd, sink=sink, env=env, start_workers=False, deadline_s=deadline_s)
+    else:
+        opts = LaunchOptions(nodes=nodes, local_ranks=local_ranks, chunk_size=chunk_size, timeout_s=timeout_s)
+        launcher = Launcher(opts, cmd, sink=sink, env=env, deadline_s=deadline_s)
+    rc = launcher.run()
+    if rc != 0:
+        raise Internal(f"the {mode} benchmark ranks failed (exit code {rc}); their output is above",
+                       mode=mode, exit_code=rc)
+    return results
+
+
+def _slowest(records: list[dict[str, Any]], world: int, mode: str, size: int) -> dict[str, Any]:
+    if any("unsupported" in r for r in records):
+        return {"unsupported": records[0].get("unsupported", "unsupported")}
+    if len(records) != world:
+        raise Internal(f"{mode}: {len(records)} of {world} ranks reported size {size}", mode=mode, size=size)
+    return {"time_s": max(r["time_s"] for r in records), "size_bytes": records[0]["size_bytes"],
+            "iters": records[0]["iters"]}
+
+
+# -- the loopback anchor -------------------------------------------------------------------------------------------
+
+def loopback_capacity(pairs: int, size: int, *, target_bytes: float = 5e8, repeats: int = 4) -> float:
+    """Aggregate bytes/s of ``pairs`` concurrent one-way TCP streams over loopback, each ``sendall(size)`` x rounds.
+
+    Pair ``i`` runs from 127.0.0.(i+1) to the next address, like node to node.
+    Every receiver fills a preallocated buffer with ``recv_into``; the clock
+    runs from releasing all senders together to the last byte received.  The
+    best of ``repeats`` trials is kept: it is a ceiling, and on a shared machine
+    a neighbour's burst only ever lowers a trial.
+    """
+    return max(_loopback_trial(pairs, size, target_bytes) for _ in range(max(1, repeats)))
+
+
+def _loopback_trial(pairs: int, size: int, target_bytes: float) -> float:
+    rounds = max(3, int(target_bytes / (pairs * size)))
+    payload = memoryview(bytearray(os.urandom(min(size, 1 << 20)) * (size // min(size, 1 << 20) + 1))[:size])
+    conns: list[tuple[socket.socket, socket.socket]] = []
+    try:
+        for i in range(pairs):
+            with socket.create_server((f"127.0.0.{(i + 1) % 254 + 1}", 0)) as listener:
+                tx = socket.create_connection(listener.getsockname(), source_address=(f"127.0.0.{i % 254 + 1}", 0))
+                rx, _ = listener.accept()
+            for s in (tx, rx):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conns.append((tx, rx))
+        go = threading.Barrier(2 * pairs + 1, timeout=120)
+        done = threading.Barrier(pairs + 1, timeout=120)
+
+        def send(tx: socket.socket) -> None:
+            go.wait()
+            for _ in range(rounds):
+                tx.sendall(payload)
+
+        def recv(rx: socket.socket) -> None:
+            sink = memoryview(bytearray(size))
+            go.wait()
+            for _ in range(rounds):
+                off = 0
+                while off < size:
+                    n = rx.recv_into(sink[off:off + (1 << 20)], 0, socket.MSG_WAITALL)
+                    if not n:
+                        raise ConnectionError("loopback anchor: sender went away")
+                    off += n
+            done.wait()
+
+        threads = [threading.Thread(target=send, args=(tx,), daemon=True) for tx, _ in conns]
+        threads += [threading.Thread(target=recv, args=(rx,), daemon=True) for _, rx in conns]
+        for t in threads:
+            t.start()
+        go.wait()
+        t0 = time.perf_counter()
+        done.wait()
+        elapsed = time.perf_counter() - t0
+        for t in threads:
+            t.join(10)
+        return pairs * rounds * size / elapsed
+    finally:
+        for tx, rx in conns:
+            tx.close()
+            rx.close()
+
+
+# -- the whole bench -----------------------------------------------------------------------------------------------
+
+def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "fp32", vs: str | None = None,
+              target_s: float = 0.5, chunk_size: str | None = None, timeout_s: float | None = None,
+              deadline_s: float = 600.0, bound: bool = True) -> dict[str, Any]:
+    """Run everything for every size; the JSON object (see the module docs)."""
+    world = nodes * local_ranks
+    kw = {"target_s": target_s, "chunk_size": chunk_size, "timeout_s": timeout_s, "deadline_s": deadline_s}
+    # the anchor is taken before and after the collectives and the best kept: it is a ceiling, and a
+    # neighbour's burst on this shared machine only ever lowers it
+    anchor_sizes = sorted({s for s in sizes if s >= _MIN_BOUND_BYTES}) if bound and nodes > 1 else []
+    caps = {s: loopback_capacity(nodes, s) for s in anchor_sizes}
+    ours = _run_ranks("hfreduce", nodes, local_ranks, sizes, dtype, **kw)  # type: ignore[arg-type]
+    gloo = _run_ranks("gloo", nodes, local_ranks, sizes, dtype, **kw) if vs == "gloo" else {}  # type: ignore[arg-type]
+    caps = {s: max(c, loopback_capacity(nodes, s)) for s, c in caps.items()}
+    entries: list[dict[str, Any]] = []
+    for size in sizes:
+        o = _slowest(ours.get(size, []), world, "hfreduce", size)
+        if "unsupported" in o:
+            raise Internal(f"hfreduce does not support {dtype}: {o['unsupported']}")
+        nbytes = o["size_bytes"]
+        alg = nbytes / o["time_s"] / _GB
+        e: dict[str, Any] = {"size_bytes": nbytes, "dtype": dtype, "nodes": nodes, "local_ranks": local_ranks,
+                             "time_s": o["time_s"], "iters": o["iters"], "algbw_GBps": alg,
+                             "busbw_GBps": busbw(alg, world), "gloo_time_s": None, "gloo_algbw_GBps": None,
+                             "gloo_busbw_GBps": None, "ratio": None, "loopback_GBps": None, "bound_GBps": None,
+                             "fraction_of_bound": None}
+        if vs == "gloo":
+            g = _slowest(gloo.get(size, []), world, "gloo", size)
+            if "unsupported" in g:
+                e["gloo_note"] = f"Gloo cannot allreduce {dtype} here: {g['unsupported']}"
+            else:
+                galg = g["size_bytes"] / g["time_s"] / _GB
+                e.update(gloo_time_s=g["time_s"], gloo_algbw_GBps=galg, gloo_busbw_GBps=busbw(galg, world),
+                         ratio=alg / galg)
+        if size in caps:
+            cap = caps[size] / _GB
+            e.update(loopback_GBps=cap, bound_GBps=cap / (2 * (nodes - 1)),
+                     fraction_of_bound=alg / (cap / (2 * (nodes - 1))))
+        entries.append(e)
+    return {
+        "bench": "allreduce",
+        "nodes": nodes, "local_ranks": local_ranks, "world_size": world, "dtype": dtype, "vs": vs,
+        "definitions": "algbw = bytes/time; busbw = algbw*2(n-1)/n (nccl-tests), n = total ranks; GB = 1e9 B; "
+                       "bound = C/(2(nodes-1)), C = aggregate loopback TCP throughput of `nodes` concurrent pairs",
+        "results": entries,
+        "git_sha": _git_sha(), "cpu_count": os.cpu_count(), "torch_version": _torch_version(),
+        "python": platform.python_version(), "platform": sys.platform,
+    }
+
+
+def _fmt_size(n: int) -> str:
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
+def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the printed table (also the README's)."""
+    def f(x: float | None, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
+    def t(x: float | None) -> str:
+        if x is None:
+            return "-"
+        return f"{x * 1e6:.0f} us" if x < 1e-2 else f"{x * 1e3:.1f} ms"
+
+    head = ["size", "time", "algbw GB/s", "busbw GB/s", "gloo time", "gloo algbw", "ratio", "bound GB/s",
+            "% of bound"]
+    rows = []
+    for e in result["results"]:
+        frac = e["fraction_of_bound"]
+        rows.append([_fmt_size(e["size_bytes"]), t(e["time_s"]), f(e["algbw_GBps"], ".3f"), f(e["busbw_GBps"], ".3f"),
+                     t(e["gloo_time_s"]), f(e["gloo_algbw_GBps"], ".3f"),
+                     f(e["ratio"], ".2f") + ("x" if e["ratio"] else ""),
+                     f(e["bound_GBps"], ".3f"), "-" if frac is None else f"{frac * 100:.0f}%"])
+    return head, rows
+
+
+def markdown_table(result: dict[str, Any]) -> str:
+    """The table as GitHub markdown (for the README), with the run's shape and anchors in a caption."""
+    head, rows = table_rows(result)
+    lines = [f"{result['nodes']} nodes x {result['local_ranks']} local ranks ({result['world_size']} ranks), "
+             f"{result['dtype']}, {result['cpu_count']} CPUs, torch {result['torch_version']}, "
+             f"git {str(result['git_sha'])[:10]}", "",
+             "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _print_table(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    head, rows = table_rows(result)
+    title = (f"allreduce {result['dtype']}: {result['nodes']} nodes x {result['local_ranks']} local ranks "
+             f"({result['world_size']} ranks)" + (" vs Gloo, same ranks" if result["vs"] else ""))
+    table = Table(title=title)
+    for h in head:
+        table.add_column(h, justify="right")
+    for r in rows:
+        table.add_row(*r)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 120))  # a pipe or file: do not wrap the header
+    console.print(table)
+    for e in result["results"]:
+        if e.get("gloo_note"):
+            print(e["gloo_note"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    doc = __doc__ or ""
+    p = argparse.ArgumentParser(prog="ff bench allreduce", description=doc.split("\n\n")[0])
+    p.add_argument("--nodes", type=int, default=2, help="simulated nodes (default 2)")
+    p.add_argument("--local-ranks", type=int, default=1, help="ranks per node (default 1)")
+    p.add_argument("--sizes", default="4,1M,16M,64M", help="comma list, K/M/G suffixes (default 4,1M,16M,64M)")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--vs", choices=["gloo"], default=None, help="also run torch.distributed with this backend")
+    p.add_argument("--json", metavar="PATH", default=None, help="write the JSON object here ('-': stdout)")
+    p.add_argument("--target-s", type=float, default=0.5, help="timed seconds per size and side (default 0.5)")
+    p.add_argument("--chunk-size", default=None, help="HFReduce pipeline chunk (default: the worker's)")
+    p.add_argument("--timeout-s", type=float, default=60.0, help="collective deadline of the workers (default 60)")
+    p.add_argument("--no-bound", action="store_true", help="skip the loopback-bound anchor")
+    p.add_argument("--markdown", action="store_true", help="print the table as GitHub markdown (for the README)")
+    ns = p.parse_args(argv)
+    try:
+        sizes = [parse_size(s) for s in ns.sizes.split(",")]
+        result = run_bench(nodes=ns.nodes, local_ranks=ns.local_ranks, sizes=sizes, dtype=ns.dtype, vs=ns.vs,
+                           target_s=ns.target_s, chunk_size=ns.chunk_size, timeout_s=ns.timeout_s,
+                           bound=not ns.no_bound)
+    except FireFlyerError as e:
+        print(f"ff bench allreduce: {e}", file=sys.stderr)
+        return 1
+    if ns.json == "-":
+        print(json.dumps(result))
+        return 0
+    if ns.markdown:
+        print(markdown_table(result))
+    else:
+        _print_table(result)
+    if ns.json:
+        Path(ns.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,579 @@
+"""The inter-node part of HFReduce: a pipelined, full-duplex double-binary-tree allreduce.
+
+One :class:`NodeEngine` runs in each node's HFReduce worker.  The worker reduces
+its local ranks' buffers into one partial, calls :meth:`NodeEngine.allreduce`
+with it, and gets the global result in the same buffer; ``on_final(start, stop)``
+reports element ranges as they become final so the worker can copy results back
+to its ranks while the rest is still in flight.  With ``fill(start, stop)`` the
+worker instead hands over an unfilled buffer and the engine asks for the local
+partial chunk by chunk (on its fill thread, ahead of the up threads): the local
+reduce is then pipelined with the trees instead of preceding them.
+
+**Trees and data split.**  ``zone_aware_double_tree(zones)`` (or the plain
+``double_binary_tree``): tree ``t`` carries half ``t`` of the buffer
+(``split_halves``), cut into chunks of ``chunk_bytes``.  Each node reduces its own
+chunk with its children's, in a fixed order (own first, then children as the
+tree lists them), and sends it up; the root's result is broadcast down and every
+node ends with the root's bits.  ``avg`` is a ``sum`` up the tree; the root
+divides each final chunk by ``avg_divisor`` (default: the node count; the worker
+passes the world size) before sending it down, so all nodes get identical bits.
+
+**Frames** (``fireflyer.wire`` ``req`` frames, one-way; ``rid`` is the engine's op
+number, starting at 0 and the same on all nodes; ``meta`` as listed)::
+
+    hfr.up     child -> parent   {"c": chunk, "fp": fingerprint on chunk 0}  payload: partial chunk
+    hfr.down   parent -> child   {"c": chunk, "fp": fingerprint on chunk 0}  payload: final chunk
+    hfr.wait   any direction     {}   "I have started op rid" (sent only once an op is slow)
+    hfr.abort  any direction     {"origin", "reason", "culprit", "error"}   flooded once
+
+**Threads** (all long-lived, started by :meth:`start`; none per op):
+
+- one *reader* per link: child links receive up chunks into a ring of
+  ``ring`` preallocated slots (``recv_into``; TCP back-pressure when the ring is
+  full), parent links receive final chunks straight into ``work``, call
+  ``on_final`` and wake the down writers; readers also take ``hfr.abort`` and
+  ``hfr.wait`` at any time, and after a failure they drain and discard;
+- one *up* thread per tree: waits for chunk ``c`` from every child, reduces with
+  ``kernels.reduce_into(threads=1)`` into ``work`` and sends it to the parent (or,
+  at the root, finalises it);
+- one *down writer* per child link: sends each chunk once it is final;
+- one *fill* thread: runs the caller's ``fill`` (the local reduce) chunk by chunk,
+  alternating trees, ahead of the up threads (which wait for it as for their
+  children); ops without ``fill`` skip it (their chunks are ready from the start).
+
+So the two trees, and the up and down streams of each, run concurrently, and a
+link carries data in both directions at once.  The calling thread only posts the
+op and waits; it enforces the deadlines and decides whom to blame.
+
+**Failures.**  Every wait for a peer is bounded by ``min(op deadline, last
+progress + timeout_s)``.  On expiry the caller names the peer it waits for (tree,
+phase, chunk).  To blame the right node, a node whose op is slow tells its
+neighbours it has started (``hfr.wait``); a node waiting on a peer that has started
+holds off for a grace period, since that peer is itself waiting on the real
+culprit and its neighbour will abort first.  Any failure (timeout, EOF =
+:class:`PeerLost`, fingerprint mismatch) sends ``hfr.abort`` on every link; a node
+receiving one fails with :class:`CollectiveAborted` naming the origin and culprit
+and forwards it once.  The engine is then dead: every later call raises.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from fireflyer.core.errors import DeadlineExceeded, InvalidArgument, Unavailable
+from fireflyer.core.log import get_logger
+from fireflyer.hfreduce import kernels
+from fireflyer.hfreduce._links import CHILD, PARENT, Acceptor, Link, dial, parse_address
+from fireflyer.hfreduce._op import OpState, divide_inplace
+from fireflyer.hfreduce._pipeline import ABORT, WAIT, Pipeline, _Failed
+from fireflyer.hfreduce.errors import (
+    CollectiveAborted,
+    CollectiveTimeout,
+    FingerprintMismatch,
+    HFReduceError,
+    PeerLost,
+)
+from fireflyer.hfreduce.trees import TreeNode, double_binary_tree, zone_aware_double_tree
+from fireflyer.hfreduce.types import Fingerprint, OpStats
+from fireflyer.wire.conn import FramedSocket
+from fireflyer.wire.frame import FrameLimits, Request
+
+__all__ = ["NodeEngine"]
+
+_log = get_logger("fireflyer.hfreduce.engine")
+
+_JOIN_S = 2.0
+
+
+class NodeEngine(Pipeline):
+    """The inter-node allreduce of one node (see the module docstring for the protocol).
+
+    ``addresses[i]`` is node ``i``'s engine listener (``host:port``); ``zones[i]``
+    its zone (``None``: one zone).  ``listen`` is an already bound socket for our
+    own address (tests bind port 0 first); the engine takes it over and closes it
+    after :meth:`start`.  ``chunk_bytes`` must be equal on all nodes (checked at
+    connect).  ``sock_buf_bytes`` fixes SO_SNDBUF/SO_RCVBUF (``None``: kernel
+    auto-tuning, usually best on Linux).
+    """
+
+    def __init__(self, *, node_rank: int, addresses: Sequence[str], zones: Sequence[str] | None = None,
+                 token: str = "", chunk_bytes: int = 4 << 20, timeout_s: float = 60.0,
+                 listen: socket.socket | None = None, sock_buf_bytes: int | None = None,
+                 ring: int = 3, grace_s: float = 1.0, inline_bytes: int = 64 << 10) -> None:
+        n = len(addresses)
+        if not 0 <= node_rank < n:
+            raise InvalidArgument(f"node_rank {node_rank} not in 0..{n - 1}", node=node_rank, nnodes=n)
+        if zones is not None and len(zones) != n:
+            raise InvalidArgument("zones must name one zone per node", expected=n, got=len(zones))
+        if chunk_bytes < 64 or timeout_s <= 0 or ring < 2:
+            raise InvalidArgument("need chunk_bytes >= 64, timeout_s > 0, ring >= 2",
+                                  chunk_bytes=chunk_bytes, timeout_s=timeout_s, ring=ring)
+        for a in addresses:
+            parse_address(a)
+        self.node = node_rank
+        self.addresses = list(addresses)
+        self.nnodes = n
+        self.token = token
+        self.chunk_bytes = chunk_bytes
+        self.timeout_s = timeout_s
+        self.grace_s = grace_s
+        #: ops up to this size go on tree 0 in one chunk, without the pipeline threads
+        self.inline_bytes = min(inline_bytes, chunk_bytes)
+        self._layout_key = f"{chunk_bytes}-{self.inline_bytes}"
+        self._ring = ring
+        self._sock_buf = sock_buf_bytes
+        self._listen = listen
+        if zones and n > 1:
+            dt, _order = zone_aware_double_tree(list(zones))
+        else:
+            dt = double_binary_tree(n)
+        #: this node's place in tree 0 and tree 1
+        self.tree_nodes: tuple[TreeNode, TreeNode] = dt.for_rank(node_rank)
+        self.roots = dt.roots()
+        self._mu = threading.Lock()
+        self._post_cv = threading.Condition(self._mu)
+        self._done_cv = threading.Condition(self._mu)
+        self._up_cv = (threading.Condition(self._mu), threading.Condition(self._mu))
+        self._down_cv = (threading.Condition(self._mu), threading.Condition(self._mu))
+        self._parent: list[Link | None] = [None, None]
+        self._children: list[list[Link]] = [[], []]
+        self._links: list[Link] = []
+        self._threads: list[threading.Thread] = []
+        self._op: OpState | None = None
+        self._next_k = 0
+        self._failure: HFReduceError | None = None
+        #: (origin, fields) of a remote FingerprintMismatch that arrived between ops
+        self._abort_mismatch: tuple[int, dict[str, object]] | None = None
+        self._closing = False
+        self._started = False
+        self._in_op = False
+        self._progress_at = time.monotonic()
+
+    # ------------------------------------------------------------------ set-up
+
+    def who(self, node: int) -> str:
+        return f"node {node} ({self.addresses[node]})"
+
+    def start(self, timeout_s: float | None = None) -> None:
+        """Connect to the tree neighbours (retrying until they are up) and start the threads.
+
+        Raises :class:`CollectiveTimeout` (phase ``connect``) naming the peers that
+        never connected within ``timeout_s`` (default: the engine's ``timeout_s``).
+        """
+        if self._started:
+            raise InvalidArgument("engine already started")
+        self._started = True
+        if self.nnodes == 1:
+            return
+        wait = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + wait
+        limits = FrameLimits(max_payload_bytes=max(self.chunk_bytes, 1 << 16))
+        expected = {(c, t) for t, nd in enumerate(self.tree_nodes) for c in nd.children}
+        got: dict[tuple[int, int], FramedSocket] = {}
+        listener = self._listen
+        acceptor = None
+        if expected:
+            if listener is None:
+                host, port = parse_address(self.addresses[self.node])
+                listener = socket.create_server((host, port), reuse_port=False, backlog=64)
+            acceptor = Acceptor(listener, me=self.node, nnodes=self.nnodes, layout=self._layout_key,
+                                token=self.token, expected=expected, limits=limits,
+                                buf_bytes=self._sock_buf, on_link=lambda c, t, fs: got.__setitem__((c, t), fs))
+            acceptor.thread.start()
+        dialed: dict[int, FramedSocket] = {}
+        try:
+            for t, nd in enumerate(self.tree_nodes):
+                if nd.parent >= 0:
+                    fs = self._dial(nd.parent, t, limits, deadline)
+                    if fs is not None:
+                        dialed[t] = fs
+            if acceptor is not None:
+                acceptor.thread.join(max(0.0, deadline - time.monotonic()))
+                acceptor.stop.set()
+                acceptor.thread.join()
+            missing = [(nd.parent, t, "dial") for t, nd in enumerate(self.tree_nodes)
+                       if nd.parent >= 0 and t not in dialed]
+            missing += [(c, t, "accept") for c, t in sorted(expected, key=lambda e: (e[1], e[0]))
+                        if (c, t) not in got]
+            if missing:
+                peer, tree, _ = missing[0]
+                names = ", ".join(f"{self.who(p)} (tree {t})" for p, t, _ in missing)
+                raise CollectiveTimeout(
+                    f"node {self.node} ({self.addresses[self.node]}): could not connect to its tree "
+                    f"neighbours within {wait:.1f} s; never connected: {names}",
+                    node=self.node, peer=peer, tree=tree, phase="connect", chunk=None, seq=None,
+                    missing=",".join(str(p) for p, _, _ in missing), waited_s=round(wait, 3))
+        except BaseException:
+            if acceptor is not None:
+                acceptor.stop.set()
+            for fs in [*dialed.values(), *got.values()]:
+                fs.close()
+            raise
+        finally:
+            if listener is not None:
+                listener.close()
+        for t, nd in enumerate(self.tree_nodes):
+            if nd.parent >= 0:
+                self._add_link(Link(nd.parent, t, PARENT, self.addresses[nd.parent], dialed[t]))
+            for c in nd.children:
+                link = Link(c, t, CHILD, self.addresses[c], got[(c, t)], cv=threading.Condition(self._mu))
+                bufs = [np.empty(self.chunk_bytes, dtype=np.uint8) for _ in range(self._ring)]
+                link.slots = [memoryview(b) for b in bufs]
+                link.meta = [(-1, -1, 0, None, 0.0)] * self._ring
+                self._add_link(link)
+        for link in self._links:
+            self._spawn(self._read_loop, link, f"hfr-read-{self.node}-t{link.tree}-n{link.peer}")
+            if link.role == CHILD:
+                self._spawn(self._down_loop, link, f"hfr-down-{self.node}-t{link.tree}-n{link.peer}")
+        for t in (0, 1):
+            self._spawn(self._up_loop, t, f"hfr-up-{self.node}-t{t}")
+        self._spawn(self._fill_loop, None, f"hfr-fill-{self.node}")
+
+    def _dial(self, parent: int, tree: int, limits: FrameLimits, deadline: float) -> FramedSocket | None:
+        pause = 0.02
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                return dial(self.addresses[parent], me=self.node, tree=tree, nnodes=self.nnodes,
+                            layout=self._layout_key, token=self.token, limits=limits,
+                            buf_bytes=self._sock_buf, timeout_s=min(left, 2.0))
+            except (OSError, DeadlineExceeded, Unavailable):  # not up yet, or busy: retry
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                pause = min(pause * 2, 0.25)
+
+    def _add_link(self, link: Link) -> None:
+        if link.role == CHILD:
+            self._children[link.tree].append(link)
+        else:
+            self._parent[link.tree] = link
+        self._links.append(link)
+
+    def _spawn(self, fn: Callable[..., None], arg: object, name: str) -> None:
+        th = threading.Thread(target=fn, args=(arg,), name=name, daemon=True)
+        self._threads.append(th)
+        th.start()
+
+    # ------------------------------------------------------------------ the call
+
+    def allreduce(self, work: np.ndarray, op: str, fp: Fingerprint, *,
+                  on_final: Callable[[int, int], None] | None = None, deadline_s: float | None = None,
+                  avg_divisor: int | None = None, fill: Callable[[int, int], None] | None = None) -> OpStats:
+        """Allreduce ``work`` in place across the nodes; return this node's telemetry.
+
+        ``work`` (1-D, contiguous, writable) holds this node's partial on entry and
+        the global result on return; the engine owns it meanwhile.  ``op`` is
+        ``sum``/``avg``/``max``/``min``; ``avg`` sums across nodes and divides by
+        ``avg_divisor`` (default: the node count).  ``on_final(start, stop)`` is
+        called from engine threads as element ranges become final (it must not
+        block for long).  ``fill(start, stop)``, if given, must write this node's
+        partial into ``work[start:stop]``: the engine calls it before it first reads
+        those elements, on its fill thread (each range once, chunk by chunk, the two
+        trees' chunks alternating; inline ops call it once for the whole buffer on the
+        calling thread), so ``work`` may hold anything on entry.
+        ``deadline_s`` bounds the whole op, ``timeout_s`` any wait
+        without progress.  Raises an :class:`HFReduceError` subclass on failure,
+        after which the engine is dead.
+        """
+        self._check_call(work, op, fp)
+        divisor = self.nnodes if avg_divisor is None else int(avg_divisor)
+        if self.nnodes == 1:
+            if fill is not None and work.size:
+                fill(0, work.size)
+            if op == "avg":
+                divide_inplace(work, divisor)
+            if on_final is not None and work.size:
+                on_final(0, work.size)
+            now = time.time()
+            return OpStats(seq=fp.seq, kind=fp.kind, nbytes=work.nbytes, started_at=now, finished_at=now)
+        st = OpState(self._next_k, fp, work, "sum" if op == "avg" else op, divisor if op == "avg" else 1,
+                     on_final, self.chunk_bytes, len(self._links),
+                     (len(self._children[0]), len(self._children[1])),
+                     inline=work.nbytes <= self.inline_bytes)
+        if fill is not None and st.inline:
+            if work.size:
+                fill(0, work.size)
+        elif fill is not None:
+            st.fill = fill
+            st.filled = [0, 0]  # the fill thread produces the chunks; the up threads wait for them
+        with self._mu:
+            if self._failure is not None:
+                raise self._reraise(fp)
+            self._op = st
+            self._in_op = True
+            self._progress_at = st.t0
+            if st.inline:
+                mine = [t for t in (0, 1) if self._claim_up(st, t)]
+            else:
+                self._post_cv.notify_all()
+        try:
+            if st.inline:
+                for t in mine:
+                    self._up_step(st, t, 0)
+                    if self._parent[t] is None:
+                        for lk in self._children[t]:
+                            self._down_step(st, lk, 0)
+            self._wait(st, deadline_s, lambda: st.remaining == 0)
+        except _Failed:
+            raise self._reraise(fp) from None
+        except HFReduceError as e:
+            if e is not self._failure:
+                self._fail(e)  # found by an inline step on this thread: abort the others too
+            raise self._reraise(fp) from None
+        finally:
+            self._in_op = False
+        self._next_k += 1
+        return st.stats([lk.peer for lk in self._links])
+
+    def _check_call(self, work: np.ndarray, op: str, fp: Fingerprint) -> None:
+        if not self._started:
+            raise InvalidArgument("call start() before allreduce()")
+        if self._in_op:
+            raise InvalidArgument("one allreduce at a time per engine")
+        if self._failure is not None:
+            raise self._reraise(fp)
+        if not isinstance(work, np.ndarray) or work.ndim != 1 or not work.flags.c_contiguous \
+                or not work.flags.writeable:
+            raise InvalidArgument("work must be a writable 1-D contiguous numpy array")
+        if op not in kernels.OPS or fp.op != op:
+            raise InvalidArgument(f"op {op!r} must be one of {kernels.OPS} and match the fingerprint's {fp.op!r}")
+        if fp.count != work.size or kernels.dtype_from_name(fp.dtype) != work.dtype:
+            raise InvalidArgument(f"work ({work.size} x {work.dtype}) does not match the fingerprint {fp}",
+                                  count=work.size, dtype=str(work.dtype))
+
+    def _reraise(self, fp: Fingerprint | None = None) -> HFReduceError:
+        """A fresh copy of the failure to raise (for op ``fp``: a remote mismatch names its fingerprint)."""
+        e = self._failure
+        assert e is not None
+        if fp is not None and self._abort_mismatch is not None and isinstance(e, CollectiveAborted):
+            return self._mismatch(str(fp), *self._abort_mismatch)
+        return type(e)(e.message, **e.fields)
+
+    def _mismatch(self, ours: str, origin: int, fields: dict[str, object]) -> FingerprintMismatch:
+        """From another node's mismatch: name whichever of the two disagrees with *us* (the odd one out)."""
+        peer, theirs = origin, fields.get("ours")
+        if theirs == ours and fields.get("theirs") != ours:
+            peer, theirs = fields.get("peer"), fields.get("theirs")
+        return FingerprintMismatch(
+            f"collective mismatch on {self.who(self.node)}: we run {ours} but node {peer} runs {theirs} "
+            f"(found by node {origin}; every node must issue the same collectives in the same order)",
+            node=self.node, peer=peer, ours=ours, theirs=theirs, origin=origin)
+
+    def _wait(self, st: OpState, deadline_s: float | None, ready: Callable[[], bool]) -> None:
+        """Wait until ``ready()`` for op ``st``, enforcing its deadlines (raises on failure).
+
+        Waits without progress end after ``timeout_s``, the op after ``deadline_s``.
+        Then the peer we wait for is blamed -- unless it has started the op (it told
+        us, or sent data): it is waiting on someone else, whose neighbour will abort
+        first, so we hold off for ``grace_s`` before blaming it anyway.
+        """
+        window = self.timeout_s if deadline_s is None else min(self.timeout_s, deadline_s)
+        op_deadline = math.inf if deadline_s is None else st.t0 + deadline_s
+        err: HFReduceError | None = None
+        with self._mu:
+            while self._failure is None and not ready():
+                now = time.monotonic()
+                status_at = math.inf if st.status_sent else st.t0 + min(0.5, window / 4)
+                expiry = min(op_deadline, self._progress_at + self.timeout_s)
+                if now >= status_at:
+                    st.status_sent = True
+                    self._send_status(st.k)  # on other threads: this one must never block on a socket
+                    continue
+                if now >= expiry:
+                    err = self._timeout_error(st, now, expiry)
+                    if err is not None:
+                        break
+                    wake = expiry + self.grace_s
+                else:
+                    wake = min(expiry, status_at)
+                self._done_cv.wait(max(0.001, min(wake - now, 1.0)))
+            if err is None and self._failure is not None:
+                raise self._reraise(st.fp)
+        if err is not None:
+            self._fail(err)
+            raise self._reraise(st.fp)
+
+    def _send_status(self, k: int) -> None:
+        """Tell every neighbour we started op ``k`` (best effort, one short-lived thread per link).
+
+        Not on the waiting thread: a send to a neighbour that stopped reading would block
+        it, and with it every deadline this node enforces.  Called under the lock.
+        """
+        hdr = Request(rid=k, op=WAIT)
+        self._threads = [th for th in self._threads if th.is_alive() or not th.name.startswith("hfr-status")]
+        for link in self._links:
+            th = threading.Thread(target=link.try_send, args=(hdr, 0.05), daemon=True,
+                                  name=f"hfr-status-{self.node}-n{link.peer}")
+            self._threads.append(th)
+            th.start()
+
+    def _peer_started(self, peer: int, k: int) -> bool:
+        return any(lk.seen_op >= k for lk in self._links if lk.peer == peer)
+
+    def _blame(self, st: OpState) -> list[tuple[int, int, str, int, str]]:
+        """(peer, tree, phase, chunk, how) for every peer this op waits on (under the lock)."""
+        out = []
+        for t in (0, 1):
+            n = st.layouts[t].nchunks
+            parent = self._parent[t]
+            if st.up_done[t] < n:
+                missing = [lk for lk in self._children[t] if lk.arrived <= lk.consumed]
+                out += [(lk.peer, t, "up", st.up_done[t], "recv") for lk in missing]
+                if not missing and st.up_sending[t] and parent is not None:
+                    out.append((parent.peer, t, "up", st.up_done[t], "send"))
+            if parent is not None and st.final[t] < st.up_done[t]:
+                out.append((parent.peer, t, "down", st.final[t], "recv"))
+            for lk in self._children[t]:
+                if lk.sent < st.final[t]:
+                    out.append((lk.peer, t, "down", lk.sent, "send"))
+        return out
+
+    def _timeout_error(self, st: OpState, now: float, expiry: float) -> CollectiveTimeout | None:
+        waiting = self._blame(st)
+        culprits = [w for w in waiting if not self._peer_started(w[0], st.k)]
+        if not culprits and waiting and now < expiry + self.grace_s:
+            return None  # our peers are running the op: their own neighbour should name the culprit
+        peer, tree, phase, chunk, how = (culprits or waiting or [(-1, -1, "?", -1, "recv")])[0]
+        waited = now - max(st.t0, self._progress_at)
+        missing = ",".join(dict.fromkeys(str(w[0]) for w in waiting))
+        who = self.who(peer) if peer >= 0 else "no peer"
+        what = f"sent nothing for {waited:.1f} s" if how == "recv" else f"took no data for {waited:.1f} s"
+        note = " and never started this op" if culprits else ""
+        return CollectiveTimeout(
+            f"{st.fp} on {self.who(self.node)}: {who} {what}{note}, in tree {tree} {phase} phase, "
+            f"chunk {chunk} (waiting for nodes {missing or '-'})",
+            node=self.node, peer=peer, tree=tree, phase=phase, chunk=chunk, seq=st.fp.seq,
+            missing=missing, waited_s=round(waited, 3))
+
+    # ------------------------------------------------------------------ failure
+
+    def _link_failed(self, lk: Link, e: BaseException) -> None:
+        if self._closing or self._failure is not None:
+            return
+        if isinstance(e, HFReduceError):
+            self._fail(e)
+            return
+        st = self._op
+        phase = ("up" if lk.role == CHILD else "down") if self._in_op else "idle"
+        what = f"{st.fp}" if st is not None and self._in_op else f"{self.who(self.node)} (between ops)"
+        self._fail(PeerLost(
+            f"{what} on node {self.node}: lost the connection to {self.who(lk.peer)} in tree {lk.tree} "
+            f"({phase} phase): {e}; that node's process probably died",
+            node=self.node, peer=lk.peer, tree=lk.tree, phase=phase,
+            seq=st.fp.seq if st is not None else None), culprit=lk.peer)
+
+    def _on_abort(self, lk: Link, hdr: Request) -> None:
+        m = hdr.meta
+        origin = m.get("origin", lk.peer)
+        reason = str(m.get("reason", ""))
+        err = m.get("error") or {}
+        fields = err.get("fields") or {}
+        st = self._op
+        mismatch = err.get("kind") == "FingerprintMismatch"
+        if mismatch and st is not None and self._in_op:
+            mine: HFReduceError = self._mismatch(str(st.fp), origin, fields)
+        else:
+            if mismatch:  # not in an op yet: our next call turns it into a mismatch with its fingerprint
+                self._abort_mismatch = (origin, fields)
+            desc = str(st.fp) if st is not None else f"op {hdr.rid}"
+            mine = CollectiveAborted(
+                f"{desc} on {self.who(self.node)} aborted: {self.who(origin)} failed first: {reason}",
+                node=self.node, origin=origin, reason=reason, seq=st.fp.seq if st is not None else None,
+                culprit=m.get("culprit"))
+        self._fail(mine, source=lk, forward=dict(m))
+
+    def _fail(self, err: HFReduceError, *, source: Link | None = None, culprit: int | None = None,
+              forward: dict[str, object] | None = None, log: bool = True) -> None:
+        """Record the first failure, wake every thread, flood ``hfr.abort`` (once)."""
+        if culprit is None and isinstance(err, CollectiveTimeout | PeerLost):
+            culprit = err.peer
+        meta = forward or {"origin": self.node, "reason": str(err), "culprit": culprit,
+                           "error": err.to_dict()}
+        with self._mu:
+            if self._failure is not None:
+                return
+            # the abort threads are registered before anyone can see the failure: a caller that
+            # raises and closes the engine at once must not shut the links before they are sent
+            # (the peers would see a clean EOF from a live node and blame it)
+            k = self._op.k if self._op is not None else self._next_k
+            hdr = Request(rid=k, op=ABORT, meta=meta)
+            floods = [] if self._closing else [
+                threading.Thread(target=self._send_abort, args=(lk, hdr), daemon=True,
+                                 name=f"hfr-abort-{self.node}-n{lk.peer}")
+                for lk in self._links if lk is not source]
+            for th in floods:
+                th.start()
+            self._threads.extend(floods)
+            self._failure = err
+            for cv in (self._post_cv, self._done_cv, *self._up_cv, *self._down_cv):
+                cv.notify_all()
+            for lk in self._links:
+                if lk.cv is not None:
+                    lk.cv.notify_all()
+            closing = self._closing
+        if closing:
+            return
+        if log:
+            (_log.warning if self._in_op else _log.info)("hfreduce engine failed", node=self.node,
+                                                        error=str(err), kind=err.kind)
+
+    @staticmethod
+    def _send_abort(lk: Link, hdr: Request) -> None:
+        if not lk.try_send(hdr, 1.0):
+            lk.fs.shutdown()  # could not get a word in: the peer sees EOF instead
+
+    # ------------------------------------------------------------------ closing
+
+    @property
+    def failed(self) -> HFReduceError | None:
+        """The error that killed this engine, if any."""
+        return self._failure
+
+    def abort(self, reason: str) -> None:
+        """Fail the current (or next) op on every node, naming ``reason`` and this node."""
+        self._fail(HFReduceError(f"{self.who(self.node)} aborted: {reason}", node=self.node, reason=reason))
+
+    def close(self) -> None:
+        """Tell the peers (best effort), close every connection and join every thread."""
+        with self._mu:
+            if self._closing:
+                return
+            was_ok = self._failure is None
+        if was_ok and self._links:
+            self._fail(HFReduceError(f"{self.who(self.node)} closed its engine", node=self.node), log=False)
+        with self._mu:
+            self._closing = True
+            if self._failure is None:
+                self._failure = HFReduceError(f"{self.who(self.node)} closed its engine", node=self.node)
+            for cv in (self._post_cv, self._done_cv, *self._up_cv, *self._down_cv):
+                cv.notify_all()
+        deadline = time.monotonic() + _JOIN_S
+        with self._mu:
+            threads = list(self._threads)
+        for th in threads:
+            if th.name.startswith("hfr-abort"):
+                th.join(max(0.0, deadline - time.monotonic()))
+        for lk in self._links:
+            lk.fs.shutdown()
+        with self._mu:
+            threads = list(self._threads)
+        for th in threads:
+            if th is not threading.current_thread():
+                th.join(_JOIN_S)
+        for lk in self._links:
+            lk.fs.close()
+        if self._listen is not None and not self._started:
+            self._listen.close()
+
+    def __enter__(self) -> NodeEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

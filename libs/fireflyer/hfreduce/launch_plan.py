@@ -1,0 +1,260 @@
+"""What ``ff launch`` will start, decided without starting anything.
+
+:func:`make_plan` turns the options (nodes, local ranks, zones, chunk size ...)
+and a few facts supplied by the caller (free ports, the run dir, the parent
+environment) into a :class:`LaunchPlan`: one :class:`NodePlan` per node (its
+loopback address, engine port, control socket and worker argv) and one
+:class:`RankPlan` per rank (its environment).  Keeping this pure means every
+rule -- rank numbering, the environment contract of DESIGN.md §3, zone
+validation, socket-path limits -- is tested with plain values, and the
+launcher (:mod:`fireflyer.hfreduce.launch`) only does I/O.
+
+**Rendezvous.**  Node ``i`` listens on ``127.0.0.(i+1)`` (all of 127/8 is
+loopback on Linux, so every simulated node has an address of its own, as real
+nodes would).  Without a coordination service the launcher *is* the rendezvous:
+every worker gets the full peer list in node-rank order.  With ``coord_addr``
+(``FF_COORD_ADDR``) each worker instead joins coord as ``node{i}`` with its zone
+and listen address, and coord assigns the node ranks (by zone, then name: see
+:mod:`fireflyer.coord.layout`); the launcher reads each worker's rank from its
+ready line and renumbers the ranks with :func:`with_node_ranks` before starting
+them.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import msgspec
+
+from fireflyer.core.errors import InvalidArgument
+
+__all__ = [
+    "LaunchOptions",
+    "NodePlan",
+    "RankPlan",
+    "LaunchPlan",
+    "make_plan",
+    "node_address",
+    "parse_size",
+    "parse_zones",
+    "coord_note",
+    "with_node_ranks",
+    "MAX_NODES",
+    "WORKER_MODULE",
+]
+
+#: 127.0.0.1 .. 127.0.0.254: one loopback address per simulated node
+MAX_NODES = 254
+#: ``python -m`` target of the per-node HFReduce worker
+WORKER_MODULE = "fireflyer.hfreduce.worker"
+#: sun_path is 108 bytes on Linux, including the terminating NUL
+_MAX_SOCKET_PATH = 107
+
+
+class LaunchOptions(msgspec.Struct, frozen=True):
+    """The user's choices (``ff launch`` options), validated by :func:`make_plan`."""
+
+    nodes: int
+    local_ranks: int
+    zones: tuple[str, ...] | None = None
+    #: passed through to the worker as given (``4M``); validated with :func:`parse_size`
+    chunk_size: str | None = None
+    #: collective deadline of the workers, seconds
+    timeout_s: float | None = None
+    job_id: str | None = None
+
+
+class NodePlan(msgspec.Struct, frozen=True):
+    node_rank: int
+    name: str
+    host: str
+    port: int
+    socket_path: str
+    #: the full command line of this node's worker
+    argv: tuple[str, ...]
+
+    @property
+    def listen(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class RankPlan(msgspec.Struct, frozen=True):
+    rank: int
+    node_rank: int
+    local_rank: int
+    #: the complete environment of the rank process (parent environment included)
+    env: dict[str, str]
+
+
+class LaunchPlan(msgspec.Struct, frozen=True):
+    job_id: str
+    run_dir: str
+    nodes: tuple[NodePlan, ...]
+    ranks: tuple[RankPlan, ...]
+    master_addr: str
+    master_port: int
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+
+def node_address(node_rank: int) -> str:
+    """The loopback address of a simulated node: node 0 is 127.0.0.1."""
+    if not 0 <= node_rank < MAX_NODES:
+        raise InvalidArgument(f"node rank {node_rank} has no loopback address (at most {MAX_NODES} nodes)",
+                              node=node_rank)
+    return f"127.0.0.{node_rank + 1}"
+
+
+def parse_size(text: str) -> int:
+    """``4M`` -> 4194304: plain bytes or a K/M/G suffix (powers of two, ``KiB`` etc. accepted)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise InvalidArgument(f"not a size: {text!r} (examples: 4, 4096, 512K, 4M, 1G)", value=text)
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
+
+
+def parse_zones(text: str | None, nodes: int) -> tuple[str, ...] | None:
+    """``"A,A,B"`` -> ``("A", "A", "B")``; the list must name exactly one zone per node."""
+    if text is None or text == "":
+        return None
+    zones = tuple(z.strip() for z in text.split(","))
+    if any(not z for z in zones):
+        raise InvalidArgument(f"--zones {text!r} has an empty zone name", value=text)
+    if len(zones) != nodes:
+        raise InvalidArgument(
+            f"--zones names {len(zones)} zone(s) ({text}) but --nodes is {nodes}: give one zone per node, "
+            "in node-rank order", zones=len(zones), nodes=nodes)
+    return zones
+
+
+def coord_note(env: Mapping[str, str]) -> str | None:
+    """The line the launcher prints when the workers meet through the coordination service."""
+    addr = env.get("FF_COORD_ADDR")
+    if not addr:
+        return None
+    return f"ff launch: rendezvous through the coordination service at {addr} (FF_COORD_ADDR)"
+
+
+def _validate(opts: LaunchOptions) -> None:
+    if not 1 <= opts.nodes <= MAX_NODES:
+        raise InvalidArgument(f"--nodes must be between 1 and {MAX_NODES}, got {opts.nodes}", nodes=opts.nodes)
+    if opts.local_ranks < 1:
+        raise InvalidArgument(f"--local-ranks must be at least 1, got {opts.local_ranks}",
+                              local_ranks=opts.local_ranks)
+    if opts.zones is not None and len(opts.zones) != opts.nodes:
+        raise InvalidArgument(
+            f"--zones names {len(opts.zones)} zone(s) ({','.join(opts.zones)}) but --nodes is {opts.nodes}: "
+            "give one zone per node", zones=len(opts.zones), nodes=opts.nodes)
+    if opts.chunk_size is not None and parse_size(opts.chunk_size) <= 0:
+        raise InvalidArgument(f"--chunk-size must be positive, got {opts.chunk_size}", value=opts.chunk_size)
+    if opts.timeout_s is not None and not opts.timeout_s > 0:
+        raise InvalidArgument(f"--timeout-s must be positive, got {opts.timeout_s}", value=opts.timeout_s)
+
+
+def make_plan(opts: LaunchOptions, *, run_dir: str | Path, ports: Sequence[int], master_port: int,
+              job_id: str, token: str | None = None, base_env: Mapping[str, str] | None = None,
+              worker_prefix: Sequence[str] | None = None, coord_addr: str | None = None,
+              restart_count: int = 0) -> LaunchPlan:
+    """The plan for ``opts``: ``ports[i]`` is node ``i``'s engine port, free on its address.
+
+    ``job_id`` is used unless ``opts.job_id`` names one.  ``base_env`` is the
+    environment every rank inherits (the launcher's own: service addresses such
+    as ``FF_NATS_URL`` pass through); the rank variables are set on top of it.
+    ``worker_prefix`` is how a worker starts before its arguments (default
+    ``python -m fireflyer.hfreduce.worker``; tests put a stand-in there).
+    ``coord_addr``: workers join the coordination service (node ``i`` as ``node{i}``)
+    instead of getting ``--peers``; the node ranks in the plan are then provisional
+    until :func:`with_node_ranks` applies coord's.
+    """
+    _validate(opts)
+    if len(ports) != opts.nodes:
+        raise InvalidArgument(f"need one engine port per node: {len(ports)} ports for {opts.nodes} nodes")
+    job = opts.job_id or job_id
+    run = Path(run_dir)
+    peers = ",".join(f"{node_address(i)}:{ports[i]}" for i in range(opts.nodes))
+    nodes: list[NodePlan] = []
+    for i in range(opts.nodes):
+        sock = str(run / f"node{i}.sock")
+        if len(sock.encode()) > _MAX_SOCKET_PATH:
+            raise InvalidArgument(
+                f"socket path {sock} is {len(sock.encode())} bytes, over the {_MAX_SOCKET_PATH}-byte limit of "
+                "Unix sockets: choose a shorter --run-dir", path=sock)
+        argv = [*(worker_prefix or (sys.executable, "-m", WORKER_MODULE)), "--nnodes", str(opts.nodes),
+                "--local-world-size", str(opts.local_ranks), "--socket", sock, "--job-id", job]
+        if coord_addr:
+            argv += ["--coord", coord_addr, "--node-name", f"node{i}", "--listen", f"{node_address(i)}:{ports[i]}",
+                     "--restart-count", str(restart_count)]
+            if opts.zones is not None:
+                argv += ["--zone", opts.zones[i]]
+        else:
+            argv += ["--node-rank", str(i), "--peers", peers]
+            if opts.zones is not None:
+                argv += ["--zones", ",".join(opts.zones)]
+        if opts.chunk_size is not None:
+            argv += ["--chunk-size", opts.chunk_size]
+        if opts.timeout_s is not None:
+            argv += ["--timeout-s", f"{opts.timeout_s:g}"]
+        if token:
+            argv += ["--token", token]
+        nodes.append(NodePlan(i, f"node{i}", node_address(i), ports[i], sock, tuple(argv)))
+
+    base = dict(base_env if base_env is not None else {})
+    world = opts.nodes * opts.local_ranks
+    ranks: list[RankPlan] = []
+    for node in nodes:
+        for local in range(opts.local_ranks):
+            rank = node.node_rank * opts.local_ranks + local
+            env = dict(base)
+            env.update({
+                "FF_JOB_ID": job,
+                "FF_RANK": str(rank),
+                "FF_WORLD_SIZE": str(world),
+                "FF_LOCAL_RANK": str(local),
+                "FF_LOCAL_WORLD_SIZE": str(opts.local_ranks),
+                "FF_NODE_RANK": str(node.node_rank),
+                "FF_NNODES": str(opts.nodes),
+                "FF_NODE_NAME": node.name,
+                "FF_HFREDUCE_SOCKET": node.socket_path,
+                "FF_RESTART_COUNT": str(restart_count),
+                # torch.distributed conventions, so a torchrun program runs unchanged
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(local),
+                "LOCAL_WORLD_SIZE": str(opts.local_ranks),
+                "GROUP_RANK": str(node.node_rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(master_port),
+            })
+            # rank output is read line by line through a pipe: do not let Python buffer it
+            env.setdefault("PYTHONUNBUFFERED", "1")
+            ranks.append(RankPlan(rank, node.node_rank, local, env))
+    return LaunchPlan(job, str(run), tuple(nodes), tuple(ranks), "127.0.0.1", master_port)
+
+
+def with_node_ranks(plan: LaunchPlan, assigned: Mapping[int, int]) -> LaunchPlan:
+    """The plan renumbered with coord's node ranks: ``assigned[i]`` is the rank of planned node ``i``.
+
+    Nodes are reordered by their new rank and every rank's environment gets the
+    matching FF_RANK/RANK/FF_NODE_RANK/GROUP_RANK (global rank = node rank * K + local).
+    """
+    n = len(plan.nodes)
+    if sorted(assigned.get(i, -1) for i in range(n)) != list(range(n)):
+        raise InvalidArgument(f"coord assigned node ranks {dict(assigned)} to {n} nodes: not a permutation of "
+                              f"0..{n - 1}", assigned=str(dict(assigned)))
+    k = len(plan.ranks) // n if n else 0
+    nodes = sorted((msgspec.structs.replace(nd, node_rank=assigned[nd.node_rank]) for nd in plan.nodes),
+                   key=lambda nd: nd.node_rank)
+    ranks: list[RankPlan] = []
+    for old in sorted(plan.ranks, key=lambda r: (assigned[r.node_rank], r.local_rank)):
+        node_rank = assigned[old.node_rank]
+        rank = node_rank * k + old.local_rank
+        env = dict(old.env)
+        env.update({"FF_RANK": str(rank), "RANK": str(rank), "FF_NODE_RANK": str(node_rank),
+                    "GROUP_RANK": str(node_rank)})
+        ranks.append(RankPlan(rank, node_rank, old.local_rank, env))
+    return msgspec.structs.replace(plan, nodes=tuple(nodes), ranks=tuple(ranks))

@@ -1,0 +1,374 @@
+"""One communicator generation on a node worker: arrival, fingerprint check, op, release.
+
+:class:`NodeComm` has one op thread that waits for all ``K`` local ranks to submit op
+``seq`` (the deadline counts from the first arrival, or from the end of the previous op
+if that is later), checks their fingerprints agree, runs the op (:mod:`.opexec`, with a
+``NodeEngine`` across nodes) and releases the ranks.  Any failure -- a mismatch, a rank
+that did not arrive, a rank whose connection dropped, an engine error -- *fails the
+generation*: every pending and later op of every local rank gets the error, and
+``engine.abort`` makes the other nodes' ranks raise too.  Ranks that join again under the
+same name get a new generation (:meth:`Worker.join`).
+
+One ``NodeEngine`` per generation: an aborted engine is dead by contract, so a new
+generation builds a new one on the same listen address once the old one has closed
+(``Worker.engine_slot``).  Hence one multi-node communicator per worker at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fireflyer.core.errors import FireFlyerError, InvalidArgument
+from fireflyer.core.log import get_logger
+
+from . import kernels
+from .errors import CollectiveTimeout, FingerprintMismatch, HFReduceError, PeerLost
+from .opexec import OpPlan, _WorkBuffers, execute, wire_layout
+from .protocol import Channel, Done, Failed, Hello, Submit
+from .shm import Segment
+from .telemetry import OpRecord
+from .types import Fingerprint
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+__all__ = ["NodeComm", "RankConn"]
+
+log = get_logger(__name__)
+
+#: the engine waits this much longer than the op deadline, so that a node whose local rank
+#: did not arrive (it fails exactly at the deadline, with the precise reason) aborts the
+#: other nodes before their engines time out with the vaguer "node N sent nothing"
+ENGINE_SLACK_S = 0.5
+KINDS = ("allreduce", "reduce", "broadcast", "barrier")
+
+
+class RankConn:
+    """One connected rank: its channel, its registered segments, its communicator."""
+
+    def __init__(self, chan: Channel) -> None:
+        self.chan = chan
+        self.hello: Hello | None = None
+        self.comm: NodeComm | None = None
+        self.segments: dict[int, Segment] = {}
+        self.said_bye = False
+
+    def send(self, msg: Any) -> None:
+        try:
+            self.chan.send(msg)
+        except OSError:
+            pass  # the rank is gone; its reader thread reports that
+
+    def label(self) -> str:
+        h = self.hello
+        return f"local rank {h.local_rank} (rank {h.rank}, pid {h.pid})" if h else "an unidentified rank"
+
+
+class NodeComm:
+    """One generation of a communicator on this node; see the module docs."""
+
+    def __init__(self, worker: Worker, key: str, generation: int, first: Hello) -> None:
+        self.worker = worker
+        self.key = key
+        self.generation = generation
+        self.K = first.local_world_size
+        self.world_size = first.world_size
+        self.nnodes = first.nnodes
+        self.node_rank = worker.node_rank
+        self.timeout_s = first.timeout_s or worker.settings.timeout_s
+        self.conns: dict[int, RankConn] = {}
+        self.global_rank: dict[int, int] = {}
+        self.left: set[int] = set()
+        self.submits: dict[int, dict[int, tuple[Submit, float, float]]] = {}
+        self.cond = threading.Condition()
+        self.error: FireFlyerError | None = None
+        self.next_seq = 0
+        self.closing = False
+        self.engine: Any = None
+        self.scratch = _WorkBuffers()
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix=f"hfr-wb-{key}")
+        self.thread = threading.Thread(target=self._run, name=f"hfr-comm-{key}#{generation}", daemon=True)
+        self.thread.start()
+
+    # -- membership -------------------------------------------------------------------------------
+
+    def join(self, conn: RankConn, hello: Hello) -> None:
+        for what, ours, theirs in (("world_size", self.world_size, hello.world_size),
+                                   ("local_world_size", self.K, hello.local_world_size),
+                                   ("nnodes", self.nnodes, hello.nnodes)):
+            if ours != theirs:
+                raise InvalidArgument(f"{conn.label()} joins communicator {self.key!r} with {what}={theirs}, "
+                                      f"but its other ranks said {ours}", comm=self.key)
+        if not 0 <= hello.local_rank < self.K:
+            raise InvalidArgument(f"local rank {hello.local_rank} out of range for local_world_size {self.K}")
+        with self.cond:
+            if hello.local_rank in self.conns:
+                raise InvalidArgument(f"local rank {hello.local_rank} already joined communicator {self.key!r} "
+                                      f"on node {self.node_rank} (two processes with the same FF_LOCAL_RANK?)")
+            self.conns[hello.local_rank] = conn
+            self.global_rank[hello.local_rank] = hello.rank
+            self.cond.notify_all()
+
+    def leave(self, conn: RankConn, *, died: bool) -> None:
+        """A rank disconnected: a death fails the communicator; a clean close retires it."""
+        lr = conn.hello.local_rank if conn.hello else -1
+        with self.cond:
+            self.left.add(lr)
+            pending = sorted(s for s, subs in self.submits.items() if subs)
+            all_left = len(self.left) >= len(self.conns)
+        if died or pending:
+            what = "disconnected without closing the communicator (the process died?)" if died \
+                else "closed the communicator"
+            seq = pending[0] if pending else self.next_seq
+            self.fail(PeerLost(f"{conn.label()} of node {self.node_rank} {what}; communicator {self.key!r} "
+                               f"op #{seq} cannot complete", node=self.node_rank, peer=f"rank {self.global_rank.get(lr)}",
+                               phase="waiting_ranks", seq=seq, comm=self.key))
+        if all_left and not died and not pending:
+            with self.cond:
+                self.closing = True  # the op thread says goodbye to the other nodes, then stops
+                self.cond.notify_all()
+        elif all_left:
+            self.shutdown()
+
+    # -- ops --------------------------------------------------------------------------------------
+
+    def submit(self, conn: RankConn, sub: Submit) -> None:
+        lr = conn.hello.local_rank  # type: ignore[union-attr]
+        now_wall, now_mono = time.time(), time.monotonic()
+        with self.cond:
+            err = self.error
+            if err is None and self.left:
+                err = HFReduceError(f"communicator {self.key!r} on node {self.node_rank} is closing: local ranks "
+                                    f"{sorted(self.left)} left it", comm=self.key, seq=sub.seq)
+            if err is None:
+                self.submits.setdefault(sub.seq, {})[lr] = (sub, now_wall, now_mono)
+                rec = self.worker.ring_record(self, sub.seq)
+                if rec is None:
+                    rec = self.worker.ring_begin(OpRecord(
+                        comm=self.key, generation=self.generation, seq=sub.seq, kind=sub.kind, op=sub.op,
+                        dtype=sub.dtype, count=sub.count, node_rank=self.node_rank, started_at=now_wall))
+                rec.arrivals[lr] = now_wall
+                rec.missing = [r for r in range(self.K) if r not in self.submits[sub.seq]]
+                self.cond.notify_all()
+                return
+        conn.send(Failed(seq=sub.seq, error=err.to_dict()))
+
+    def fail(self, err: FireFlyerError) -> None:
+        """Fail every pending and future op of this generation, here and (via the engine) on other nodes."""
+        with self.cond:
+            if self.error is not None:
+                return
+            self.error = err
+            pending = {seq: dict(subs) for seq, subs in self.submits.items()}
+            self.submits.clear()
+            conns = dict(self.conns)
+            self.cond.notify_all()
+        log.warning("hfreduce.comm_failed", comm=self.key, generation=self.generation, error=str(err))
+        engine = self.engine
+        if engine is not None:
+            try:
+                engine.abort(str(err))
+            except Exception as e:  # noqa: BLE001 - aborting must not raise over the original error
+                log.warning("hfreduce.engine_abort_failed", error=str(e))
+        body = err.to_dict()
+        for seq in sorted(pending):
+            for lr in pending[seq]:
+                conns[lr].send(Failed(seq=seq, error=body))
+            self.worker.ring_end(self, seq, "failed", error=str(err))
+
+    def shutdown(self) -> None:
+        with self.cond:
+            if self.error is None:
+                self.error = HFReduceError(f"communicator {self.key!r} was closed", comm=self.key)
+            self.cond.notify_all()
+
+    def _run(self) -> None:
+        try:
+            if self.nnodes > 1:
+                self.start_engine()
+            while True:
+                seq, subs = self._wait_for_op()
+                self._run_op(seq, subs)
+        except _Stop:
+            pass
+        except _Closing:
+            self._close_handshake()
+        except FireFlyerError as e:
+            self.fail(e)
+        except Exception as e:  # a bug: fail loudly on every rank rather than hang them
+            log.exception("hfreduce.op_crashed", comm=self.key)
+            self.fail(HFReduceError(f"HFReduce worker of node {self.node_rank} failed: {type(e).__name__}: {e}",
+                                    node=self.node_rank))
+        finally:
+            engine, self.engine = self.engine, None
+            if engine is not None:
+                try:
+                    engine.close()
+                except Exception as e:  # noqa: BLE001
+                    log.warning("hfreduce.engine_close_failed", error=str(e))
+                self.worker.engine_slot.release()
+            self.writer.shutdown(wait=True)
+            self.worker.retire(self)
+
+    def _close_handshake(self) -> None:
+        """Every local rank closed cleanly: one last engine op before the engine closes.
+
+        Closing an engine aborts its peers, so a node whose ranks finish first would fail
+        the last op still draining on another node.  A ``close`` collective completes
+        only once every node has finished all ops, after which closing is harmless.  A
+        node that instead runs another op fails with a fingerprint mismatch naming
+        ``close``: its ranks learn that this node's ranks left.
+        """
+        with self.cond:
+            self.error = self.error or HFReduceError(f"communicator {self.key!r} was closed", comm=self.key)
+        if self.engine is None:
+            return
+        fp = Fingerprint(comm=self.key, seq=self.next_seq, op="sum", dtype="int32", count=1, kind="close")
+        try:
+            self.engine.allreduce(np.zeros(1, np.int32), "sum", fp, deadline_s=min(self.timeout_s, 30.0))
+        except HFReduceError as e:
+            log.info("hfreduce.close_handshake_failed", comm=self.key, error=str(e))
+
+    def _wait_for_op(self) -> tuple[int, dict[int, tuple[Submit, float, float]]]:
+        seq = self.next_seq
+        with self.cond:
+            while not self.submits.get(seq):
+                if self.error is not None:
+                    raise _Stop
+                if self.closing:
+                    raise _Closing
+                self.cond.wait(0.5)
+            subs = self.submits[seq]
+            first = min(m for _, _, m in subs.values())
+            timeout = next(iter(subs.values()))[0].timeout_s or self.timeout_s
+            deadline = max(first, self._prev_end) + timeout
+            while len(subs) < self.K and self.error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            if self.error is not None:
+                raise _Stop
+            if len(subs) < self.K:
+                missing = [r for r in range(self.K) if r not in subs]
+                names = ", ".join(f"local rank {r} (rank {self.global_rank[r]})" if r in self.global_rank
+                                  else f"local rank {r} (never connected)" for r in missing)
+                raise CollectiveTimeout(
+                    f"op #{seq} of communicator {self.key!r}: {names} of node {self.node_rank} did not submit it "
+                    f"within {timeout:g} s (local ranks {sorted(subs)} did)", node=self.node_rank,
+                    peer=",".join(str(self.global_rank.get(r, f'local {r}')) for r in missing),
+                    phase="waiting_ranks", seq=seq, missing=",".join(map(str, missing)), waited_s=timeout,
+                    comm=self.key)
+            return seq, dict(subs)
+
+    _prev_end = 0.0
+
+    def _run_op(self, seq: int, subs: dict[int, tuple[Submit, float, float]]) -> None:
+        ordered = [subs[r][0] for r in range(self.K)]
+        self._check_fingerprints(seq, ordered)
+        s0 = ordered[0]
+        rec = self.worker.ring_record(self, seq)
+        views = []
+        for r, sub in enumerate(ordered):
+            conn = self.conns[r]
+            if sub.count == 0 or sub.kind == "barrier":
+                views.append(_empty(sub.dtype))
+                continue
+            seg = conn.segments.get(sub.seg)
+            if seg is None:
+                raise HFReduceError(f"{conn.label()} submitted op #{seq} on unknown segment {sub.seg}", seq=seq)
+            views.append(seg.array(kernels.dtype_from_name(sub.dtype), sub.count, sub.offset))
+        dtype = kernels.dtype_from_name(s0.dtype) if s0.kind != "barrier" else _I32
+        root_local = next((r for r, g in self.global_rank.items() if g == s0.root), None)
+        if s0.kind == "broadcast" and self.engine is None and root_local is None:
+            raise HFReduceError(f"broadcast root {s0.root} is not a rank of this node", seq=seq)
+        engine_op, wdt, wcount = wire_layout(s0.kind, s0.op, dtype, s0.count)
+        fp = Fingerprint(comm=self.key, seq=seq, op=engine_op, dtype=wdt.name, count=wcount, kind=s0.kind)
+        plan = OpPlan(kind=s0.kind, op=s0.op, dtype=dtype, count=s0.count, views=views,
+                      world_size=self.world_size, root_local=root_local,
+                      chunk_bytes=self.worker.chunk_bytes, threads=self.worker.threads)
+        if rec is not None:
+            rec.nbytes = s0.count * dtype.itemsize
+        timeout = s0.timeout_s or self.timeout_s
+        start = max(min(m for _, _, m in subs.values()), self._prev_end)
+        deadline_s = max(0.1, start + timeout + ENGINE_SLACK_S - time.monotonic())
+
+        def on_phase(phase: str) -> None:
+            if rec is not None:
+                rec.phase = phase
+
+        with self.worker.span(self, s0, seq) as span:
+            stats, times = execute(plan, engine=self.engine, fp=fp, deadline_s=deadline_s, scratch=self.scratch,
+                                   writer=self.writer, on_phase=on_phase)
+            if span is not None:
+                for k, v in times.items():
+                    span.set_attribute(f"hfreduce.{k}", v)
+        self._prev_end = time.monotonic()
+        with self.cond:
+            if self.error is not None:
+                raise _Stop  # failed while running (a rank died): the ranks already have the error
+        if rec is not None:
+            rec.local_reduce_s, rec.tree_s, rec.writeback_s = (times["local_reduce_s"], times["tree_s"],
+                                                               times["writeback_s"])
+            rec.stats = stats
+        done_rec = self.worker.ring_end(self, seq, "done")
+        with self.cond:
+            self.submits.pop(seq, None)
+            self.next_seq = seq + 1
+        for r in range(self.K):
+            self.conns[r].send(Done(seq=seq, record=done_rec))
+
+    def _check_fingerprints(self, seq: int, subs: list[Submit]) -> None:
+        def fp(s: Submit) -> str:
+            root = f", root {s.root}" if s.kind in ("reduce", "broadcast") else ""
+            return f"{s.kind}#{seq}({s.op}, {s.dtype}, {s.count} el{root})"
+
+        for r, s in enumerate(subs[1:], start=1):
+            a, b = subs[0], s
+            if (a.kind, a.op, a.dtype, a.count, a.root) != (b.kind, b.op, b.dtype, b.count, b.root):
+                g0, g1 = self.global_rank[0], self.global_rank[r]
+                raise FingerprintMismatch(
+                    f"collective mismatch in communicator {self.key!r} on node {self.node_rank}: rank {g0} "
+                    f"(local 0) runs {fp(a)} but rank {g1} (local {r}) runs {fp(b)}; every rank must issue the "
+                    f"same collectives in the same order", node=self.node_rank, peer=f"rank {g1}",
+                    ours=fp(a), theirs=fp(b), seq=seq, comm=self.key)
+
+    def start_engine(self) -> None:
+        """Build and connect this generation's NodeEngine (several nodes only)."""
+        from .engine import NodeEngine
+
+        w = self.worker
+        if not w.engine_slot.acquire(timeout=self.timeout_s):
+            raise HFReduceError(f"node {self.node_rank}: the previous communicator's engine did not close "
+                                f"within {self.timeout_s:g} s", node=self.node_rank)
+        try:
+            eng = NodeEngine(node_rank=self.node_rank, addresses=w.peers, zones=w.zones, token=w.settings.token,
+                             chunk_bytes=w.chunk_bytes, timeout_s=self.timeout_s + ENGINE_SLACK_S)
+            eng.start(self.timeout_s)
+        except BaseException:
+            w.engine_slot.release()
+            raise
+        self.engine = eng
+
+
+class _Stop(Exception):
+    pass
+
+
+class _Closing(Exception):
+    pass
+
+
+def _empty(dtype: str) -> np.ndarray:
+    try:
+        return np.empty(0, kernels.dtype_from_name(dtype))
+    except FireFlyerError:
+        return np.empty(0, np.int32)
+
+
+_I32 = np.dtype(np.int32)

@@ -1,0 +1,286 @@
+"""How the node worker executes one collective once every local rank has submitted it.
+
+Data path per op (``K`` local ranks, ``n`` nodes, chunk = ``chunk_bytes``)::
+
+    local slots --reduce_into, chunk by chunk--> node work buffer --engine (both trees)-->
+        --on_final(start, stop)--> write-back thread: avg divide, cast, copy into every slot
+
+* **Work dtype.**  float16 / bfloat16 / float8 are reduced into float32 partials, carried
+  across nodes as float32 and rounded once at write-back (:func:`kernels.cast_into`):
+  one rounding in total, whatever the number of nodes and ranks, and the same bits on
+  every rank.  float32 / int32 / int64 travel as they are.
+* **avg** is a sum everywhere, then one division by the *world size* (all ranks): float32
+  true division, integer floor division (numpy semantics).  On one node the write-back
+  divides; across nodes the engine's tree roots divide (``avg_divisor``) before the
+  down pass, so every node gets the root's bits.
+* **In place.**  For an allreduce of a float32/int dtype local rank 0's own shared
+  buffer is the work buffer (the local reduce writes it, the engine sends from and
+  receives into it): the write-back makes K - 1 copies, and with one local rank none.
+* **reduce(root)** runs the allreduce and writes only the root's buffer; other ranks'
+  buffers are left as they were.
+* **broadcast(root)** is bit-exact for every dtype (NaN payloads, -0.0 included): the
+  buffer's bytes are viewed as zero-padded int32 words, the root's node contributes
+  them, every other node zeros, and an int32 ``sum`` (exact, ``x + 0 == x``) runs
+  through the same engine.
+* **barrier** is a one-element int32 sum when there is more than one node; locally the
+  arrival wait already is the barrier.
+
+Both ends are pipelined with the trees.  Across nodes the local reduce runs inside the
+engine's ``fill`` callback: each tree's up thread reduces the ranks' chunk just before it
+reduces the children's chunk into it and sends it on, so the two trees reduce different
+halves at once and the first chunk leaves the node after one chunk of local work instead
+of after the whole buffer.  Write-back: the engine reports each final range through
+``on_final`` and a dedicated thread writes it to the ranks while later chunks are still
+in the trees.  (Every range is read by ``fill`` before it can become final, so the
+write-back never overwrites an input still to be reduced.)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from . import kernels
+from .types import Fingerprint, OpStats
+
+__all__ = ["OpPlan", "execute", "wire_layout"]
+
+_WIDEN = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn),
+          np.dtype(ml_dtypes.float8_e5m2)}
+_F32 = np.dtype(np.float32)
+_I32 = np.dtype(np.int32)
+
+
+class OpPlan:
+    """One op as the worker runs it: the ranks' views in local-rank order and the shape of the op.
+
+    ``targets`` are the local-rank indices whose buffers receive the result.
+    """
+
+    def __init__(self, *, kind: str, op: str, dtype: np.dtype, count: int, views: Sequence[np.ndarray],
+                 world_size: int, root_local: int | None, chunk_bytes: int, threads: int) -> None:
+        self.kind = kind
+        self.op = op
+        self.dtype = np.dtype(dtype)
+        self.count = count
+        self.views = list(views)
+        self.world_size = world_size
+        self.root_local = root_local
+        self.chunk_bytes = chunk_bytes
+        self.threads = threads
+
+
+def wire_layout(kind: str, op: str, dtype: np.dtype, count: int) -> tuple[str, np.dtype, int]:
+    """(engine op, engine dtype, engine element count) of an op; identical on every node."""
+    dt = np.dtype(dtype)
+    if kind == "broadcast":
+        return "sum", _I32, -(-count * dt.itemsize // 4)
+    if kind == "barrier":
+        return "sum", _I32, 1
+    return op, (_F32 if dt in _WIDEN else dt), count
+
+
+Engine = Any  # NodeEngine; typed loosely so this module imports without it
+
+
+class _WorkBuffers:
+    """A grow-only scratch buffer per dtype, reused op after op (no page faults per op)."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[np.dtype, np.ndarray] = {}
+
+    def get(self, dtype: np.dtype, count: int, *, zero: bool = False) -> np.ndarray:
+        buf = self._bufs.get(dtype)
+        if buf is None or buf.size < count:
+            buf = np.empty(max(count, 1), dtype=dtype)
+            self._bufs[dtype] = buf
+        out = buf[:count]
+        if zero:
+            out[...] = 0
+        return out
+
+
+def execute(plan: OpPlan, *, engine: Engine | None, fp: Fingerprint, deadline_s: float | None,
+            scratch: _WorkBuffers, writer: ThreadPoolExecutor,
+            on_phase: Callable[[str], None]) -> tuple[OpStats | None, dict[str, float]]:
+    """Run one op; returns the engine's stats (None on one node) and phase durations."""
+    times = {"local_reduce_s": 0.0, "tree_s": 0.0, "writeback_s": 0.0}
+    if plan.kind == "barrier":
+        if engine is None:
+            return None, times
+        on_phase("tree")
+        t = time.perf_counter()
+        stats = engine.allreduce(scratch.get(_I32, 1, zero=True), "sum", fp, deadline_s=deadline_s)
+        times["tree_s"] = time.perf_counter() - t
+        return stats, times
+    if plan.kind == "broadcast":
+        return _broadcast(plan, engine, fp, deadline_s, scratch, writer, on_phase, times)
+    return _reduce(plan, engine, fp, deadline_s, scratch, writer, on_phase, times)
+
+
+def _chunks(count: int, itemsize: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    step = max(1, chunk_bytes // max(1, itemsize))
+    return [(a, min(count, a + step)) for a in range(0, count, step)]
+
+
+#: final ranges up to this size are written back on the engine thread that reports them: a
+#: hand-off to the write-back thread costs more than the copy (and dominates small-op latency)
+INLINE_WRITE_BYTES = 256 << 10
+
+
+def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadline_s: float | None,
+              write: Callable[[int, int], None] | None, writer: ThreadPoolExecutor,
+              times: dict[str, float], avg_divisor: int | None = None,
+              fill: Callable[[int, int], None] | None = None) -> OpStats:
+    """engine.allreduce with write-back of each final range on the writer thread."""
+    futures: list[Future[None]] = []
+    wb = [0.0]
+
+    def timed(a: int, b: int) -> None:
+        assert write is not None
+        t = time.perf_counter()
+        write(a, b)
+        wb[0] += time.perf_counter() - t
+
+    def on_final(a: int, b: int) -> None:
+        if (b - a) * work.itemsize <= INLINE_WRITE_BYTES:
+            timed(a, b)  # an exception fails the op (the engine reports it)
+        else:
+            futures.append(writer.submit(timed, a, b))
+
+    t = time.perf_counter()
+    try:
+        kw = {"fill": fill} if fill is not None else {}
+        stats = engine.allreduce(work, op, fp, on_final=None if write is None else on_final, deadline_s=deadline_s,
+                                 avg_divisor=avg_divisor, **kw)
+    finally:
+        # the next op reuses the buffers: no write may still be running when we return
+        failures = [f.exception() for f in list(futures)]
+    bad = next((e for e in failures if e is not None), None)
+    if bad is not None:
+        raise bad
+    times["tree_s"] = time.perf_counter() - t
+    times["writeback_s"] = wb[0]
+    return stats
+
+
+def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: float | None,
+            scratch: _WorkBuffers, writer: ThreadPoolExecutor, on_phase: Callable[[str], None],
+            times: dict[str, float]) -> tuple[OpStats | None, dict[str, float]]:
+    engine_op, wdt, _ = wire_layout(plan.kind, plan.op, plan.dtype, plan.count)
+    local_op = "sum" if plan.op == "avg" else plan.op
+    views = plan.views
+    if plan.kind == "reduce":
+        targets = [views[plan.root_local]] if plan.root_local is not None else []
+    else:
+        targets = views
+    # an allreduce whose dtype travels as it is uses local rank 0's own buffer as the work buffer:
+    # the result lands there directly and the write-back copies it K - 1 times, not K
+    alias = plan.kind == "allreduce" and wdt == plan.dtype
+    in_place = alias and len(views) == 1
+    work = views[0] if alias else scratch.get(wdt, plan.count)
+    if alias:
+        targets = views[1:]
+    # one node divides at write-back; across nodes the engine's tree root divides before the down pass
+    # (write() must never modify work there: the engine still sends final chunks from it)
+    divisor = plan.world_size if plan.op == "avg" and engine is None else 0
+    int_avg = wdt.kind in "iu"
+
+    def write(a: int, b: int) -> None:
+        seg = work[a:b]
+        if divisor:
+            if int_avg:
+                np.floor_divide(seg, divisor, out=seg)
+            else:
+                np.divide(seg, np.float32(divisor), out=seg)
+        if not targets:
+            return
+        first = targets[0][a:b]
+        if wdt != plan.dtype:
+            kernels.cast_into(first, seg, threads=1)
+        else:
+            np.copyto(first, seg)
+        for t in targets[1:]:
+            np.copyto(t[a:b], first)
+
+    if engine is not None:
+        # the local reduce runs inside the engine, chunk by chunk, on its two up threads:
+        # local_reduce_s sums its chunks' times, and overlaps tree_s (the engine's wall time)
+        spent: list[float] = []
+
+        def fill(a: int, b: int) -> None:
+            t1 = time.perf_counter()
+            kernels.reduce_into(work[a:b], [v[a:b] for v in views], local_op, threads=1)
+            spent.append(time.perf_counter() - t1)
+
+        on_phase("tree")
+        try:
+            stats = _run_tree(engine, work, engine_op, fp, deadline_s, write if targets else None, writer, times,
+                              avg_divisor=plan.world_size, fill=None if in_place else fill)
+        finally:
+            times["local_reduce_s"] = sum(spent)
+        return stats, times
+    chunks = _chunks(plan.count, wdt.itemsize, plan.chunk_bytes)
+    on_phase("local_reduce")
+    t0 = time.perf_counter()
+    if not in_place:
+        for a, b in chunks:
+            kernels.reduce_into(work[a:b], [v[a:b] for v in views], local_op, threads=plan.threads)
+            if engine is None:
+                t1 = time.perf_counter()
+                write(a, b)  # one node: fuse write-back with the reduce while the chunk is in cache
+                times["writeback_s"] += time.perf_counter() - t1
+    elif engine is None:
+        for a, b in chunks:
+            write(a, b)
+    times["local_reduce_s"] = time.perf_counter() - t0 - times["writeback_s"]
+    if engine is None:
+        return None, times
+    on_phase("tree")
+    stats = _run_tree(engine, work, engine_op, fp, deadline_s, write, writer, times,
+                      avg_divisor=plan.world_size)
+    return stats, times
+
+
+def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: float | None,
+               scratch: _WorkBuffers, writer: ThreadPoolExecutor, on_phase: Callable[[str], None],
+               times: dict[str, float]) -> tuple[OpStats | None, dict[str, float]]:
+    nbytes = plan.count * plan.dtype.itemsize
+    raw = [v.view(np.uint8) for v in plan.views]
+    root = plan.root_local
+    others = [r for i, r in enumerate(raw) if i != root]
+    if engine is None:
+        on_phase("writeback")
+        t = time.perf_counter()
+        src = raw[root]  # type: ignore[index]
+        for a, b in _chunks(nbytes, 1, plan.chunk_bytes):
+            for r in others:
+                np.copyto(r[a:b], src[a:b])
+        times["writeback_s"] = time.perf_counter() - t
+        return None, times
+    _, _, words = wire_layout("broadcast", "sum", plan.dtype, plan.count)
+    work = scratch.get(_I32, words, zero=root is None)
+    wbytes = work.view(np.uint8)
+    if root is not None:
+        on_phase("local_reduce")
+        t = time.perf_counter()
+        wbytes[:nbytes] = raw[root]
+        wbytes[nbytes:] = 0
+        times["local_reduce_s"] = time.perf_counter() - t
+    targets = others if root is not None else raw
+
+    def write(a: int, b: int) -> None:
+        lo, hi = a * 4, min(b * 4, nbytes)
+        if lo >= hi:
+            return
+        for r in targets:
+            np.copyto(r[lo:hi], wbytes[lo:hi])
+
+    on_phase("tree")
+    stats = _run_tree(engine, work, "sum", fp, deadline_s, write, writer, times)
+    return stats, times

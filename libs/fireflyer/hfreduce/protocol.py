@@ -1,0 +1,225 @@
+"""The control protocol between local ranks and their node's HFReduce worker (Unix socket).
+
+Only control messages ride this socket; data stays in shared memory (:mod:`.shm`).
+
+**Framing.**  Every message is a 4-byte big-endian unsigned length followed by that
+many bytes of msgpack: one tagged msgspec Struct (tag field ``"t"``).  Messages larger
+than :data:`MAX_MESSAGE` are a protocol error (the peer is not ours).
+
+**Conversation** (rank -> worker unless marked <-)::
+
+    Hello(comm, rank, ...)                 <- Welcome(generation, chunk_bytes)  or Failed(seq=-1)
+    Register(seg, name, nbytes)            <- Registered(seg) or Failed(seq=-1)
+        the worker maps /dev/shm/<name> and *unlinks it*; from then on the segment lives only
+        as long as the two mappings, so nothing leaks whoever dies (see .shm)
+    Submit(seq, kind, op, dtype, count, seg, offset, root, timeout_s)   (many may be in flight)
+                                           <- Done(seq, record) or Failed(seq, error)
+    Unregister(seg)                        (no reply)
+    StatusRequest(req)                     <- StatusReply(req, recent, pending)
+    Bye()                                  clean close: the rank leaves the communicator
+
+Ops of one communicator complete in ``seq`` order; replies to one connection are
+sent in order.  ``Failed.error`` is :meth:`FireFlyerError.to_dict` output, rebuilt
+on the rank with :func:`fireflyer.core.errors.error_from_dict` so the rank raises the
+same typed :class:`~fireflyer.hfreduce.errors.HFReduceError` the worker saw.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from typing import Any
+
+import msgspec
+
+from fireflyer.core.errors import ProtocolError
+
+from .telemetry import OpRecord
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "MAX_MESSAGE",
+    "Hello",
+    "Welcome",
+    "Register",
+    "Registered",
+    "Unregister",
+    "Submit",
+    "Done",
+    "Failed",
+    "StatusRequest",
+    "StatusReply",
+    "Bye",
+    "Message",
+    "encode",
+    "decode",
+    "Channel",
+]
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE = 64 << 20
+_LEN = struct.Struct(">I")
+
+
+class _Msg(msgspec.Struct, tag_field="t", frozen=True, kw_only=True):
+    pass
+
+
+class Hello(_Msg, tag="hello", kw_only=True):
+    """A rank joins communicator ``comm`` (job-scoped name) on this node."""
+
+    comm: str
+    job_id: str = ""
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    nnodes: int
+    pid: int
+    timeout_s: float = 0.0
+    version: int = PROTOCOL_VERSION
+
+
+class Welcome(_Msg, tag="welcome", kw_only=True):
+    generation: int
+    node_rank: int
+    chunk_bytes: int
+    worker_pid: int
+    timeout_s: float
+
+
+class Register(_Msg, tag="register", kw_only=True):
+    """Map shared-memory segment ``name`` (``nbytes`` long) under the rank-chosen id ``seg``."""
+
+    seg: int
+    name: str
+    nbytes: int
+
+
+class Registered(_Msg, tag="registered", kw_only=True):
+    seg: int
+
+
+class Unregister(_Msg, tag="unregister", kw_only=True):
+    seg: int
+
+
+class Submit(_Msg, tag="submit", kw_only=True):
+    """Op number ``seq`` of this rank on data at ``offset`` bytes into segment ``seg``.
+
+    ``kind`` is allreduce / reduce / broadcast / barrier; ``root`` a global rank
+    (reduce, broadcast) or -1; ``seg`` is -1 for barrier and count 0.
+    """
+
+    seq: int
+    kind: str
+    op: str
+    dtype: str
+    count: int
+    seg: int = -1
+    offset: int = 0
+    root: int = -1
+    timeout_s: float = 0.0
+
+
+class Done(_Msg, tag="done", kw_only=True):
+    seq: int
+    record: OpRecord | None = None
+
+
+class Failed(_Msg, tag="failed", kw_only=True):
+    """Op ``seq`` failed (or, with seq -1, the request that has no seq)."""
+
+    seq: int
+    error: dict[str, Any]
+
+
+class StatusRequest(_Msg, tag="status", kw_only=True):
+    req: int
+
+
+class StatusReply(_Msg, tag="status_reply", kw_only=True):
+    req: int
+    recent: list[OpRecord]
+    pending: list[OpRecord]
+    worker: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Bye(_Msg, tag="bye", kw_only=True):
+    pass
+
+
+Message = Hello | Welcome | Register | Registered | Unregister | Submit | Done | Failed | StatusRequest \
+    | StatusReply | Bye
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: _Msg) -> bytes:
+    """Length prefix + msgpack body, ready for ``sendall``."""
+    body = _encoder.encode(msg)
+    return _LEN.pack(len(body)) + body
+
+
+def decode(body: bytes | memoryview) -> Message:
+    try:
+        return _decoder.decode(body)
+    except msgspec.DecodeError as e:
+        raise ProtocolError(f"bad HFReduce control message: {e}") from e
+
+
+class Channel:
+    """One end of the control socket: framed receive, thread-safe send.
+
+    ``recv`` returns None on a clean or abrupt EOF (a dead peer looks like EOF);
+    ``send`` raises OSError once the peer is gone.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._send_lock = threading.Lock()
+        self.closed = False
+
+    def send(self, msg: _Msg) -> None:
+        data = encode(msg)
+        with self._send_lock:
+            self.sock.sendall(data)
+
+    def _recv_exact(self, n: int) -> bytearray | None:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            try:
+                k = self.sock.recv_into(view[got:], n - got)
+            except (ConnectionResetError, OSError):
+                return None
+            if k == 0:
+                return None
+            got += k
+        return buf
+
+    def recv(self) -> Message | None:
+        head = self._recv_exact(_LEN.size)
+        if head is None:
+            return None
+        (n,) = _LEN.unpack(head)
+        if n > MAX_MESSAGE:
+            raise ProtocolError(f"HFReduce control message of {n} bytes exceeds {MAX_MESSAGE}")
+        body = self._recv_exact(n) if n else bytearray()
+        if body is None:
+            return None
+        return decode(body)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()

@@ -1,0 +1,84 @@
+"""Settings of the HFReduce node worker (``FF_HFREDUCE_*`` environment, ``--set`` on the CLI).
+
+The worker's command-line flags (``--chunk-size``, ``--timeout-s`` ...) win over the
+environment, which wins over the defaults here; :func:`load_worker_settings` applies
+that precedence with the one loader of :mod:`fireflyer.core.settings`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from fireflyer.core.errors import SettingsError
+from fireflyer.core.settings import load_settings
+
+__all__ = ["WorkerSettings", "parse_size", "load_worker_settings", "ENV_PREFIX"]
+
+ENV_PREFIX = "FF_HFREDUCE"
+
+_SIZE = re.compile(r"\s*(\d+)\s*([kmgKMG]?)(i?[bB])?\s*")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(text: str | int) -> int:
+    """``"4M"`` / ``"512k"`` / ``"4MiB"`` / ``4194304`` -> bytes (binary units)."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE.fullmatch(text)
+    if not m:
+        raise SettingsError(f"expected a size like 4M, 512k or 1048576, got {text!r}", key="chunk_size",
+                            expected="size")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Knobs of one node worker; environment names are ``FF_HFREDUCE_<FIELD>``."""
+
+    #: bytes per pipeline chunk (local reduce, tree transfer, write-back); "4M" style
+    chunk_size: str = "4M"
+    #: default deadline of one collective when the rank sets none
+    timeout_s: float = 60.0
+    #: bearer token the node engines present to each other
+    token: str = ""
+    job_id: str = ""
+    #: reduce threads per op (0: kernels.default_threads())
+    threads: int = 0
+    #: how many finished ops ``status()`` keeps
+    status_ring: int = 256
+    #: NATS telemetry: batch interval; empty URL disables publishing
+    nats_url: str = ""
+    telemetry_interval_s: float = 1.0
+    #: the coordination service (``FF_COORD_ADDR``): with it and no ``--peers`` the worker
+    #: joins through coord for its node rank, peers and zones (:mod:`fireflyer.coord`)
+    coord_addr: str = ""
+
+    @property
+    def chunk_bytes(self) -> int:
+        return parse_size(self.chunk_size)
+
+    def __post_init__(self) -> None:
+        if parse_size(self.chunk_size) < 64:
+            raise SettingsError(f"chunk_size must be at least 64 bytes, got {self.chunk_size!r}",
+                                key="chunk_size", expected="size >= 64")
+        if self.timeout_s <= 0:
+            raise SettingsError(f"timeout_s must be > 0, got {self.timeout_s}", key="timeout_s",
+                                expected="float > 0")
+
+
+def load_worker_settings(env: Mapping[str, str] | None = None,
+                         overrides: Mapping[str, Any] | None = None) -> WorkerSettings:
+    """Defaults < ``FF_HFREDUCE_*`` (and ``FF_NATS_URL``/``FF_JOB_ID``/``FF_TOKEN``) < overrides."""
+    import os
+
+    environ = dict(os.environ if env is None else env)
+    # the job-wide names of DESIGN.md §3 fill in when the HFReduce-specific ones are unset
+    for field, name in (("NATS_URL", "FF_NATS_URL"), ("JOB_ID", "FF_JOB_ID"), ("TOKEN", "FF_TOKEN"),
+                        ("COORD_ADDR", "FF_COORD_ADDR")):
+        if f"{ENV_PREFIX}_{field}" not in environ and name in environ:
+            environ[f"{ENV_PREFIX}_{field}"] = environ[name]
+    clean = {k: v for k, v in (overrides or {}).items() if v is not None}
+    return load_settings(WorkerSettings, env=environ, overrides=clean, prefix=ENV_PREFIX)
