@@ -1,0 +1,1 @@
+"""The collective coordination service (``python -m services.coord``)."""
