@@ -1,0 +1,1 @@
+"""The 3FS metadata service: ``python -m services.meta`` (see ``app`` and ``servicer``)."""
