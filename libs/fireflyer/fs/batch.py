@@ -1,0 +1,160 @@
+"""File byte ranges -> chunk I/Os, grouped by chain and storage node, run concurrently.
+
+Reads: every range is cut into per-chunk pieces (chunk ``i`` on ``chains[i % stripe]``,
+pieces no larger than one storage batch's byte limit) and all pieces of all ranges go
+to :meth:`StorageClient.batch_read` at once, which picks a serving replica per piece,
+groups pieces by node into ``stor.batch_read`` batches (128 I/Os / 4 MiB), runs the
+batches in parallel under the request-to-send limiter and fails over to another
+replica after an error or timeout, until its deadline.  A chunk that does not exist,
+or is shorter than asked, reads as zeros (a hole) up to the file length.
+
+Writes: pieces are grouped by the head of their chain's *node* and sent as
+``stor.batch_write`` batches in parallel.  Every piece gets its own update channel
+with seq 1, kept across retries, so the head's (client, channel, seq) dedupe applies
+a retried piece once even when the first reply was lost.  Pieces that fail with a
+retryable error (chain version moved, not the head, node unreachable, timeout) are
+re-grouped with fresh routing and retried with backoff until ``retry_deadline_s``;
+others end with their error.  Results are per piece, so the caller can say which
+I/O failed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import msgspec
+
+from fireflyer.core.errors import DeadlineExceeded, FireFlyerError, NotFound, Unavailable
+from fireflyer.meta import Layout
+from fireflyer.storage.checksum import crc32c
+from fireflyer.storage.chunkid import ChunkId, split_range
+from fireflyer.storage.client_min import ReadIo, StorageClient
+from fireflyer.storage.craq import WriteReq
+from fireflyer.storage.errors import ChainVersionMismatch, NotHead, NotServing
+from fireflyer.storage.protocol import (
+    OP_BATCH_WRITE,
+    BatchWriteMsg,
+    BatchWriteReply,
+    WriteMsg,
+    error_of,
+    to_meta,
+)
+
+__all__ = ["Piece", "WritePiece", "pieces_of", "read_pieces", "write_pieces"]
+
+Buffer = bytes | bytearray | memoryview
+_RETRY = (ChainVersionMismatch, NotHead, Unavailable, DeadlineExceeded)
+
+
+class Piece(msgspec.Struct, frozen=True):
+    """One chunk-sized (or smaller) part of a file range: ``at`` is its offset in the range."""
+
+    chain_id: int
+    chunk_id: ChunkId
+    offset: int
+    length: int
+    at: int
+
+
+class WritePiece(msgspec.Struct, frozen=True):
+    chain_id: int
+    chunk_id: ChunkId
+    offset: int
+    chunk_size: int
+    data: bytes
+
+
+def pieces_of(inode_id: int, layout: Layout, offset: int, length: int, max_piece: int) -> list[Piece]:
+    out: list[Piece] = []
+    for index, inner, n, at in split_range(offset, length, layout.chunk_size):
+        chain = layout.chain_of(index)
+        for k in range(0, n, max_piece):
+            out.append(Piece(chain, ChunkId(inode_id, 0, index), inner + k, min(max_piece, n - k), at + k))
+    return out
+
+
+def read_pieces(storage: StorageClient, pieces: Sequence[Piece]) -> list[bytes | FireFlyerError]:
+    """Each piece's bytes (zero-padded to its length: holes) or the error that ended it."""
+    ios = [ReadIo(chain_id=p.chain_id, chunk_id=p.chunk_id, offset=p.offset, length=p.length) for p in pieces]
+    out: list[bytes | FireFlyerError] = []
+    for p, r in zip(pieces, storage.batch_read(ios) if ios else [], strict=True):
+        if r.error is not None and not isinstance(r.error, NotFound):
+            out.append(r.error)
+        elif r.error is not None or len(r.data) < p.length:
+            data = b"" if r.error is not None else r.data
+            out.append(data + bytes(p.length - len(data)))
+        else:
+            out.append(r.data)
+    return out
+
+
+def write_pieces(storage: StorageClient, pool: ThreadPoolExecutor, pieces: Sequence[WritePiece],
+                 deadline_s: float) -> list[FireFlyerError | None]:
+    """Write pieces through their chain heads, batched per node; None = written."""
+    channels = [next(storage._channels) for _ in pieces]  # one channel per piece, seq 1: retry-safe dedupe
+    crcs = [crc32c(p.data) for p in pieces]
+    results: list[FireFlyerError | None | bool] = [False] * len(pieces)  # False: not done yet
+    todo = list(range(len(pieces)))
+    deadline = time.monotonic() + deadline_s
+    for attempt in itertools.count():
+        by_node: dict[str, list[tuple[int, int]]] = {}
+        for i in todo:
+            try:
+                chain = storage.chain(pieces[i].chain_id)
+                if chain.head is None:
+                    raise NotServing(f"chain {chain.chain_id} has no serving head", chain=chain.chain_id)
+                _, addr = storage.address(chain.head)
+            except FireFlyerError as e:
+                results[i] = e
+                continue
+            by_node.setdefault(addr, []).append((i, chain.head))
+        batches = []
+        for addr, items in by_node.items():
+            cur: list[tuple[int, int]] = []
+            size = 0
+            for i, head in items:
+                n = len(pieces[i].data)
+                if cur and (len(cur) >= storage.limits.max_ios or size + n > storage.limits.max_bytes):
+                    batches.append((addr, cur))
+                    cur, size = [], 0
+                cur.append((i, head))
+                size += n
+            batches.append((addr, cur))
+
+        def send(batch: tuple[str, list[tuple[int, int]]]) -> list[tuple[int, FireFlyerError | None]]:
+            addr, items = batch
+            msgs = []
+            for i, head in items:
+                p = pieces[i]
+                ver = storage.chain(p.chain_id).version
+                msgs.append(WriteMsg(target=head, req=WriteReq(
+                    chain_id=p.chain_id, chain_ver=ver, chunk_id=p.chunk_id, offset=p.offset, length=len(p.data),
+                    chunk_size=p.chunk_size, payload_crc=crcs[i], client_id=storage.client_id,
+                    channel=channels[i], seq=1)))
+            payload = b"".join(pieces[i].data for i, _ in items)
+            try:
+                reply = storage._call(addr, OP_BATCH_WRITE, payload or None, meta=to_meta(BatchWriteMsg(ios=msgs)))
+            except FireFlyerError as e:
+                return [(i, e) for i, _ in items]
+            res = msgspec.convert(reply.meta, BatchWriteReply).results
+            return [(i, error_of(r)) for (i, _), r in zip(items, res, strict=True)]
+
+        retry: list[int] = []
+        last: FireFlyerError | None = None
+        for fut in [pool.submit(send, b) for b in batches]:
+            for i, err in fut.result():
+                results[i] = err
+                if isinstance(err, _RETRY):
+                    retry.append(i)
+                    last = err
+        if not retry:
+            break
+        todo = retry
+        try:
+            storage._backoff(attempt, deadline, last or Unavailable("write retries exhausted"))
+        except FireFlyerError:
+            break
+    return [r if isinstance(r, FireFlyerError) else None for r in results]

@@ -1,0 +1,482 @@
+"""The synchronous 3FS client: ``connect()``, namespace calls, files, batch I/O.
+
+    import fireflyer.fs as ff
+    fs = ff.connect()                                  # FF_META_ADDR / FF_MGMTD_ADDR / FF_TOKEN, or .ff/
+    fs.mkdir("/ckpt", parents=True, exist_ok=True)
+    with fs.open("/ckpt/shard-0", "wb") as f:
+        f.write(blob)
+    res = fs.batch_read([("/ckpt/shard-0", 0, 4096), ("/ckpt/shard-0", 1 << 20, 4096)])
+
+Users are training scripts and the checkpoint manager, so the API is blocking.
+Meta calls run the async :class:`~.meta_client.MetaClient` on a private event-loop
+thread; data goes through :class:`~fireflyer.storage.client_min.StorageClient`
+(chain heads for writes, any serving replica for reads, failover, request-to-send)
+and :mod:`.batch` (grouping by chain and node, dedupe-safe write retries).
+
+**Where to.**  ``connect(meta=, mgmtd=, token=, state_dir=)``; each unset one comes
+from ``FF_META_ADDR`` / ``FF_MGMTD_ADDR`` / ``FF_TOKEN``, else from the cluster that
+``ff up`` recorded under ``state_dir`` (``FF_STATE_DIR``, default ``.ff``; the user
+token).  Timing comes from :class:`FsClientSettings` (``FF_FS_*``).
+
+**Errors.**  File-system errors are ``FsError`` with ``errno`` and ``path`` (ENOENT,
+EISDIR, EACCES, EEXIST ...: also ``OSError``); bad arguments are
+``InvalidArgument`` (also ``ValueError``), raised before anything is sent; storage
+errors that outlast the retry deadline are the storage's typed errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno as E
+import os
+import threading
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from fireflyer.core.errors import FailedPrecondition, FireFlyerError, FsError, InvalidArgument
+from fireflyer.core.settings import load_settings
+from fireflyer.meta import DirEntry, FileType, Inode, Layout, LayoutPolicy
+from fireflyer.storage.client_min import MgmtdRouting, StorageClient
+
+from . import batch as _batch
+from .file import File, check_range
+from .length import LengthReporter, exact_length
+from .meta_client import MetaClient, parse_addresses
+
+__all__ = ["FsClientSettings", "FileSystem", "BatchResult", "connect", "load_client_settings"]
+
+T = TypeVar("T")
+Buffer = bytes | bytearray | memoryview
+
+
+class FsClientSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Client timing and limits (env ``FF_FS_<FIELD>``)."""
+
+    #: one storage request's timeout; a slower replica is failed over
+    request_timeout_s: float = 5.0
+    connect_timeout_s: float = 2.0
+    #: total time one I/O may spend retrying with backoff (3FS: 60 s)
+    retry_deadline_s: float = 60.0
+    #: meta calls fail over between replicas for at most this long
+    meta_timeout_s: float = 10.0
+    #: how often open writers report their highest written end (3FS: 5 s)
+    report_interval_s: float = 5.0
+    #: on close/fsync ask storage for the exact length (needs the admin role today; see length.py)
+    exact_length_on_close: bool = True
+    #: threads sending storage batches
+    max_parallel: int = 32
+    #: the largest single read or write call
+    max_io_bytes: int = 1 << 30
+
+
+class _Env(msgspec.Struct, frozen=True, kw_only=True):
+    fs: FsClientSettings = msgspec.field(default_factory=FsClientSettings)
+
+
+def load_client_settings(env: Mapping[str, str] | None = None) -> FsClientSettings:
+    return load_settings(_Env, env=env).fs
+
+
+class BatchResult(msgspec.Struct, frozen=True):
+    """One I/O of a batch: ``data`` (reads) or the number of bytes written, or the error."""
+
+    data: bytes = b""
+    written: int = 0
+    error: Exception | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _resolve(meta: str | Sequence[str] | None, mgmtd: str | Sequence[str] | None, token: str | None,
+             state_dir: str | os.PathLike[str] | None) -> tuple[list[str], list[str], str]:
+    metas = parse_addresses(meta) or parse_addresses(os.environ.get("FF_META_ADDR"))
+    mgmtds = parse_addresses(mgmtd) or parse_addresses(os.environ.get("FF_MGMTD_ADDR"))
+    token = token or os.environ.get("FF_TOKEN") or None
+    if not metas or not mgmtds or token is None:
+        from fireflyer.cluster.records import StatePaths, read_record, read_tokens
+
+        paths = StatePaths(state_dir or os.environ.get("FF_STATE_DIR") or ".ff")
+        record = read_record(paths)
+        if record is None:
+            raise FailedPrecondition(
+                f"no meta/mgmtd addresses: pass meta= and mgmtd=, set FF_META_ADDR and FF_MGMTD_ADDR, or run "
+                f"`ff up` (no cluster under {paths.root})", state_dir=str(paths.root))
+        metas = metas or [p.address for p in record.processes if p.name == "meta"]
+        mgmtds = mgmtds or [p.address for p in record.processes if p.name == "mgmtd"]
+        if token is None:
+            entry = read_tokens(Path(record.tokens_file)).for_role("user")
+            token = entry.token if entry is not None else None
+    if not metas or not mgmtds or not token:
+        raise FailedPrecondition("the cluster has no meta or mgmtd service, or no user token",
+                                 meta=",".join(metas), mgmtd=",".join(mgmtds))
+    return metas, mgmtds, token
+
+
+def connect(*, meta: str | Sequence[str] | None = None, mgmtd: str | Sequence[str] | None = None,
+            token: str | None = None, state_dir: str | os.PathLike[str] | None = None,
+            settings: FsClientSettings | None = None) -> FileSystem:
+    """A :class:`FileSystem` for the cluster named by the arguments, the environment or ``state_dir``."""
+    metas, mgmtds, tok = _resolve(meta, mgmtd, token, state_dir)
+    return FileSystem(metas, mgmtds, tok, settings or load_client_settings())
+
+
+def _parse_mode(mode: str) -> tuple[int, bool, bool, bool, bool]:
+    """(open flags, readable, writable, append, binary) of a Python open() mode."""
+    chars = set(mode)
+    kinds = chars & set("rwax")
+    if len(kinds) != 1 or not chars <= set("rwaxbt+") or len(mode) != len(chars) or {"b", "t"} <= chars:
+        raise InvalidArgument(f"bad open mode {mode!r} (one of r/w/a/x, optional +, b or t)", mode=mode)
+    kind, plus = kinds.pop(), "+" in chars
+    flags = {"r": 0, "w": os.O_CREAT | os.O_TRUNC, "a": os.O_CREAT | os.O_APPEND,
+             "x": os.O_CREAT | os.O_EXCL}[kind]
+    readable, writable = kind == "r" or plus, kind != "r" or plus
+    flags |= os.O_RDWR if readable and writable else (os.O_WRONLY if writable else os.O_RDONLY)
+    return flags, readable, writable, kind == "a", "b" in chars
+
+
+class FileSystem:
+    """A connected client (see the module doc).  Thread safe; close it when done."""
+
+    def __init__(self, meta: Sequence[str], mgmtd: Sequence[str], token: str,
+                 settings: FsClientSettings | None = None) -> None:
+        self.settings = s = settings or FsClientSettings()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="ff-fs-loop", daemon=True)
+        self._thread.start()
+        self.meta: MetaClient = self._call(MetaClient.connect(list(meta), token, failover_timeout_s=s.meta_timeout_s))
+        self._routing = MgmtdRouting(list(mgmtd), token=token, timeout_s=s.request_timeout_s)
+        try:
+            self.storage = StorageClient(self._routing.get, token=token, request_timeout_s=s.request_timeout_s,
+                                         connect_timeout_s=s.connect_timeout_s, retry_deadline_s=s.retry_deadline_s,
+                                         max_parallel=s.max_parallel)
+        except BaseException:
+            self._routing.close()
+            raise
+        self._pool = ThreadPoolExecutor(s.max_parallel, thread_name_prefix="ff-fs-batch")
+        self.lengths = LengthReporter(lambda f: f.report_length(), s.report_interval_s)
+        self._exact_allowed = True
+        self._closed = False
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.lengths.report_all()
+        self.lengths.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.storage.close()
+        self._routing.close()
+        self._call(self.meta.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5.0)
+
+    def __enter__(self) -> FileSystem:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- namespace ------------------------------------------------------------------------
+    def _with_local_length(self, inode: Inode) -> Inode:
+        if inode.type is FileType.FILE:
+            hi = self.lengths.written_end(inode.id)
+            if hi > inode.length:
+                return msgspec.structs.replace(inode, length=hi)
+        return inode
+
+    def stat(self, path: str) -> Inode:
+        """The inode (symlinks followed); a file's length includes this client's unreported writes."""
+        return self._with_local_length(self._call(self.meta.stat(path)))
+
+    def lstat(self, path: str) -> Inode:
+        return self._with_local_length(self._call(self.meta.lstat(path)))
+
+    def _stat_inode(self, inode_id: int) -> Inode:
+        return self._call(self.meta.stat_inode(inode_id))
+
+    def exists(self, path: str) -> bool:
+        try:
+            self._call(self.meta.lstat(path))
+        except FsError as e:
+            if e.errno in (E.ENOENT, E.ENOTDIR):
+                return False
+            raise
+        return True
+
+    def isdir(self, path: str) -> bool:
+        try:
+            return self._call(self.meta.stat(path)).type is FileType.DIR
+        except FsError:
+            return False
+
+    def isfile(self, path: str) -> bool:
+        try:
+            return self._call(self.meta.stat(path)).type is FileType.FILE
+        except FsError:
+            return False
+
+    def mkdir(self, path: str, mode: int = 0o755, *, parents: bool = False, exist_ok: bool = False,
+              policy: LayoutPolicy | None = None) -> Inode:
+        try:
+            return self._call(self.meta.mkdir(path, mode, parents=parents, policy=policy))
+        except FsError as e:
+            if exist_ok and e.errno == E.EEXIST and self.isdir(path):
+                return self.stat(path)
+            raise
+
+    def listdir(self, path: str) -> list[DirEntry]:
+        return self._call(self.meta.listdir(path))
+
+    def ls(self, path: str) -> list[str]:
+        return [e.name for e in self.listdir(path)]
+
+    def walk(self, path: str) -> Iterator[tuple[str, list[str], list[str]]]:
+        """``os.walk`` order (top down): (dir, subdirs, non-directory names)."""
+        entries = self.listdir(path)
+        dirs = [e.name for e in entries if e.type is FileType.DIR]
+        yield path, dirs, [e.name for e in entries if e.type is not FileType.DIR]
+        for d in dirs:
+            yield from self.walk(f"{path.rstrip('/')}/{d}")
+
+    def du(self, path: str) -> int:
+        """Total length of the files under ``path`` (symlinks not followed)."""
+        inode = self.lstat(path)
+        if inode.type is not FileType.DIR:
+            return inode.length if inode.type is FileType.FILE else 0
+        total = 0
+        for top, _dirs, files in self.walk(path):
+            for name in files:
+                total += self.du(f"{top.rstrip('/')}/{name}")
+        return total
+
+    def unlink(self, path: str) -> None:
+        """Remove a file name; at the last link meta's GC removes the chunks after its delay."""
+        self._call(self.meta.unlink(path))
+
+    def rmdir(self, path: str) -> None:
+        self._call(self.meta.rmdir(path))
+
+    def rmtree(self, path: str) -> None:
+        for entry in self.listdir(path):
+            child = f"{path.rstrip('/')}/{entry.name}"
+            self.rmtree(child) if entry.type is FileType.DIR else self.unlink(child)
+        self.rmdir(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        self._call(self.meta.rename(src, dst))
+
+    def symlink(self, target: str, link_path: str) -> Inode:
+        return self._call(self.meta.symlink(target, link_path))
+
+    def readlink(self, path: str) -> str:
+        return self._call(self.meta.readlink(path))
+
+    def set_dir_policy(self, path: str, policy: LayoutPolicy | None) -> Inode:
+        return self._call(self.meta.set_dir_policy(path, policy))
+
+    def truncate(self, path: str, length: int) -> Inode:
+        """Set a file's length; shrinking removes the data past it on storage before returning."""
+        check_range(0, length, what=f"truncate {path}", limit=1 << 62)
+        return self._truncate_path(path, length)
+
+    def _truncate_path(self, path: str, length: int) -> Inode:
+        return self._call(self.meta.truncate(path, length))
+
+    # -- files ----------------------------------------------------------------------------
+    def open(self, path: str, mode: str = "rb", buffering: int = -1, encoding: str | None = None,
+             errors: str | None = None, newline: str | None = None, *, create_mode: int = 0o644,
+             policy: LayoutPolicy | None = None) -> Any:
+        """Like built-in ``open``: ``File`` for ``buffering=0`` (binary), else a buffered or text wrapper."""
+        import io
+
+        flags, readable, writable, append, binary = _parse_mode(mode)
+        if buffering == 0 and not binary:
+            raise InvalidArgument("unbuffered (buffering=0) files must be binary", mode=mode)
+        if binary and encoding is not None:
+            raise InvalidArgument("binary mode takes no encoding", mode=mode)
+        if flags & os.O_CREAT:
+            inode = self._call(self.meta.create(path, create_mode, flags=flags, policy=policy)).inode
+        else:
+            inode = self._call(self.meta.open(path, flags)).inode
+        if inode.type is FileType.DIR:
+            raise FsError("is a directory", errno=E.EISDIR, path=path)
+        if inode.layout is None:
+            raise FsError("not a regular file", errno=E.EINVAL, path=path)
+        raw = File(self, path, inode, readable=readable, writable=writable, append=append, mode=mode)
+        if append:
+            raw.seek(0, io.SEEK_END)
+        if buffering == 0:
+            return raw
+        size = buffering if buffering > 1 else min(max(inode.layout.chunk_size, 64 << 10), 4 << 20)
+        buffered: Any
+        if readable and writable:
+            buffered = io.BufferedRandom(raw, size)
+        elif writable:
+            buffered = io.BufferedWriter(raw, size)
+        else:
+            buffered = io.BufferedReader(raw, size)
+        if binary:
+            return buffered
+        return io.TextIOWrapper(buffered, encoding=encoding or "utf-8", errors=errors, newline=newline)
+
+    def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        with self.open(path, "rb", buffering=0) as f:
+            return f.pread(f.size() - offset if length is None else length, offset) if offset < f.size() else b""
+
+    def write_bytes(self, path: str, data: Buffer) -> int:
+        with self.open(path, "wb", buffering=0) as f:
+            return f.pwrite(data, 0)
+
+    # -- data path (used by File and the batch calls) -------------------------------------
+    def _max_piece(self) -> int:
+        return self.storage.limits.max_bytes
+
+    def _read_range(self, inode_id: int, layout: Layout, offset: int, length: int, path: str) -> bytes:
+        pieces = _batch.pieces_of(inode_id, layout, offset, length, self._max_piece())
+        out = bytearray(length)
+        for p, got in zip(pieces, _batch.read_pieces(self.storage, pieces), strict=True):
+            if isinstance(got, Exception):
+                got.fields.setdefault("path", path)
+                raise got
+            out[p.at:p.at + p.length] = got
+        return bytes(out)
+
+    def _write_range(self, inode_id: int, layout: Layout, offset: int, data: memoryview, path: str) -> None:
+        pieces = [_batch.WritePiece(p.chain_id, p.chunk_id, p.offset, layout.chunk_size,
+                                    bytes(data[p.at:p.at + p.length]))
+                  for p in _batch.pieces_of(inode_id, layout, offset, len(data), self._max_piece())]
+        for err in _batch.write_pieces(self.storage, self._pool, pieces, self.settings.retry_deadline_s):
+            if err is not None:
+                err.fields.setdefault("path", path)
+                raise err
+
+    def _report_length(self, inode_id: int, length: int) -> Inode:
+        return self._call(self.meta.report_length(inode_id, length))
+
+    def _exact_length(self, layout: Layout, inode_id: int) -> int | None:
+        if not self._exact_allowed:
+            return None
+        got = exact_length(self.storage, layout, inode_id)
+        if got is None:
+            self._exact_allowed = False  # a user token: stor.query_last is admin-only
+        return got
+
+    # -- batches --------------------------------------------------------------------------
+    def _inodes(self, targets: Sequence[Any], flags: int) -> list[tuple[str, Inode] | Exception]:
+        """Resolve each distinct path once (concurrently); File handles pass through."""
+        paths = sorted({t for t in targets if isinstance(t, str)})
+
+        async def one(p: str) -> Inode:
+            return (await self.meta.open(p, flags)).inode
+
+        async def all_() -> list[Inode | BaseException]:
+            return await asyncio.gather(*(one(p) for p in paths), return_exceptions=True)
+
+        got = dict(zip(paths, self._call(all_()), strict=True))
+        out: list[tuple[str, Inode] | Exception] = []
+        for t in targets:
+            if isinstance(t, File):
+                out.append((t.name, Inode(t.inode_id, FileType.FILE, 0, 0, 0, 1, t.size(), 0, 0, 0,
+                                          layout=t.layout)))
+                continue
+            r = got[t]
+            if isinstance(r, BaseException):
+                out.append(r if isinstance(r, Exception) else FireFlyerError(str(r)))
+            elif r.type is FileType.DIR or r.layout is None:
+                out.append(FsError("is a directory", errno=E.EISDIR, path=t))
+            else:
+                out.append((t, self._with_local_length(r)))
+        return out
+
+    def _check_target(self, t: object, i: int) -> None:
+        if not isinstance(t, str | File):
+            raise InvalidArgument(f"batch item {i}: target must be a path or an open File, got {type(t).__name__}")
+
+    def batch_read(self, ios: Sequence[tuple[str | File, int, int]]) -> list[BatchResult]:
+        """Read many ``(path or File, offset, length)`` at once (short at EOF); one result per I/O.
+
+        All I/Os' chunk pieces are grouped by chain and node and read concurrently (see :mod:`.batch`)."""
+        for i, (t, off, n) in enumerate(ios):
+            self._check_target(t, i)
+            check_range(off, n, what=f"batch_read item {i}", limit=self.settings.max_io_bytes)
+        resolved = self._inodes([t for t, _, _ in ios], os.O_RDONLY)
+        pieces: list[_batch.Piece] = []
+        spans: list[tuple[int, int, int]] = []  # (first piece, piece count, bytes)
+        for (_, off, n), r in zip(ios, resolved, strict=True):
+            if isinstance(r, Exception):
+                spans.append((len(pieces), 0, -1))
+                continue
+            _, inode = r
+            assert inode.layout is not None
+            n = max(0, min(off + n, inode.length) - off)
+            ps = _batch.pieces_of(inode.id, inode.layout, off, n, self._max_piece())
+            spans.append((len(pieces), len(ps), n))
+            pieces.extend(ps)
+        got = _batch.read_pieces(self.storage, pieces)
+        out: list[BatchResult] = []
+        for (start, count, n), r in zip(spans, resolved, strict=True):
+            if isinstance(r, Exception):
+                out.append(BatchResult(error=r))
+                continue
+            buf = bytearray(n)
+            err: Exception | None = None
+            for p, g in zip(pieces[start:start + count], got[start:start + count], strict=True):
+                if isinstance(g, Exception):
+                    err = g
+                    break
+                buf[p.at:p.at + p.length] = g
+            out.append(BatchResult(error=err) if err else BatchResult(data=bytes(buf)))
+        return out
+
+    def batch_write(self, ios: Sequence[tuple[str | File, int, Buffer]]) -> list[BatchResult]:
+        """Write many ``(path or File, offset, data)`` to existing files at once; one result per I/O.
+
+        Bad arguments raise before anything is written; a missing file or a directory is
+        that I/O's error.  Lengths are reported to meta before returning."""
+        for i, (t, off, data) in enumerate(ios):
+            self._check_target(t, i)
+            if not isinstance(data, bytes | bytearray | memoryview):
+                raise InvalidArgument(f"batch_write item {i}: data must be bytes-like, got {type(data).__name__}")
+            check_range(off, memoryview(data).nbytes, what=f"batch_write item {i}",
+                        limit=self.settings.max_io_bytes)
+        resolved = self._inodes([t for t, _, _ in ios], os.O_WRONLY)
+        pieces: list[_batch.WritePiece] = []
+        owner: list[int] = []
+        for i, ((_, off, data), r) in enumerate(zip(ios, resolved, strict=True)):
+            if isinstance(r, Exception):
+                continue
+            _, inode = r
+            assert inode.layout is not None
+            view = memoryview(data).cast("B")
+            for p in _batch.pieces_of(inode.id, inode.layout, off, len(view), self._max_piece()):
+                pieces.append(_batch.WritePiece(p.chain_id, p.chunk_id, p.offset, inode.layout.chunk_size,
+                                                bytes(view[p.at:p.at + p.length])))
+                owner.append(i)
+        errs = _batch.write_pieces(self.storage, self._pool, pieces, self.settings.retry_deadline_s)
+        failed: dict[int, Exception] = {}
+        for i, e in zip(owner, errs, strict=True):
+            if e is not None:
+                failed.setdefault(i, e)
+        ends: dict[int, int] = {}
+        out: list[BatchResult] = []
+        for i, ((_, off, data), r) in enumerate(zip(ios, resolved, strict=True)):
+            if isinstance(r, Exception) or i in failed:
+                out.append(BatchResult(error=r if isinstance(r, Exception) else failed[i]))
+                continue
+            n = memoryview(data).nbytes
+            if n:
+                ends[r[1].id] = max(ends.get(r[1].id, 0), off + n)
+            out.append(BatchResult(written=n))
+        for inode_id, end in ends.items():
+            self._report_length(inode_id, end)
+        return out

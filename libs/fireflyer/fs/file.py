@@ -1,0 +1,220 @@
+"""An open 3FS file: positional and streaming I/O, as an ``io.RawIOBase``.
+
+    with fs.open("/data/x", "r+b", buffering=0) as f:   # File itself
+        f.pwrite(b"abc", 1 << 20)
+        assert f.pread(3, 1 << 20) == b"abc"
+
+``fs.open`` wraps it in ``io.BufferedReader``/``BufferedWriter``/``BufferedRandom``
+(and ``io.TextIOWrapper`` for text modes), so it works wherever Python expects a
+file.  Data goes straight between this process and the storage nodes (meta is off
+the data path): the handle keeps the inode id and layout from ``open``.
+
+**Length.**  ``size()`` is the larger of the inode length (re-read from meta when a
+read reaches past what this handle knows, so growth by other writers shows up) and
+this handle's highest written end.  Writes extend the file at once for this
+handle; others see it after the next periodic report (``report_interval_s``), on
+``flush_length()``/``fsync()`` or on ``close()``, which sets the exact length (see
+:mod:`.length`).  Reads past the end return short; holes read as zeros.
+
+**Truncate** goes through meta by *path* (meta has no truncate-by-inode), so a
+handle whose file was renamed since open truncates whatever is at the old path now.
+Appending handles (``"ab"``) write every ``write()`` at the current size.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from typing import TYPE_CHECKING, Any
+
+from fireflyer.core.errors import FsError, InvalidArgument
+from fireflyer.meta import Inode, Layout
+
+if TYPE_CHECKING:
+    from .client import FileSystem
+
+__all__ = ["File"]
+
+Buffer = bytes | bytearray | memoryview
+
+
+def check_range(offset: object, length: object, *, what: str, limit: int) -> None:
+    """Refuse bad offsets/lengths before anything is sent (nothing written on bad input)."""
+    if type(offset) is not int or offset < 0:
+        raise InvalidArgument(f"{what}: offset must be an int >= 0, got {offset!r}", offset=str(offset))
+    if type(length) is not int or length < 0:
+        raise InvalidArgument(f"{what}: length must be an int >= 0, got {length!r}", length=str(length))
+    if length > limit:
+        raise InvalidArgument(f"{what}: {length} bytes in one call exceeds fs.max_io_bytes={limit}; split it",
+                              length=length, limit=limit)
+
+
+class File(io.RawIOBase):
+    """One open file (see the module doc).  Thread safe for pread/pwrite."""
+
+    def __init__(self, fs: FileSystem, path: str, inode: Inode, *, readable: bool, writable: bool,
+                 append: bool = False, mode: str = "rb") -> None:
+        super().__init__()
+        assert inode.layout is not None
+        self._fs = fs
+        self.name = path
+        self.mode = mode
+        self.inode_id = inode.id
+        self.layout: Layout = inode.layout
+        self._readable, self._writable, self._append = readable, writable, append
+        self._pos = 0
+        self._meta_len = inode.length  # the inode length as last seen
+        self._hi = 0  # highest end written through this handle
+        self._reported = inode.length  # what meta has adopted from us (or had)
+        self._len_lock = threading.Lock()  # orders length reports against truncates
+        if writable:
+            fs.lengths.register(self)
+
+    # -- io.RawIOBase ---------------------------------------------------------------------
+    def readable(self) -> bool:
+        return self._readable
+
+    def writable(self) -> bool:
+        return self._writable
+
+    def seekable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("a 3FS file has no OS file descriptor")
+
+    def _need(self, read: bool) -> None:
+        if self.closed:
+            raise ValueError(f"I/O operation on closed file {self.name}")
+        if read and not self._readable:
+            raise io.UnsupportedOperation(f"{self.name} is not open for reading (mode {self.mode!r})")
+        if not read and not self._writable:
+            raise io.UnsupportedOperation(f"{self.name} is not open for writing (mode {self.mode!r})")
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if self.closed:
+            raise ValueError(f"I/O operation on closed file {self.name}")
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: None}.get(whence, -1)
+        if base == -1:
+            raise InvalidArgument(f"bad whence {whence}", whence=whence)
+        pos = (self.size() if base is None else base) + offset
+        if pos < 0:
+            raise InvalidArgument(f"seek to negative position {pos} in {self.name}", offset=offset)
+        self._pos = pos
+        return pos
+
+    def readinto(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        data = self.pread(len(view), self._pos)
+        view[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def readall(self) -> bytes:
+        data = self.pread(max(0, self.size() - self._pos), self._pos)
+        self._pos += len(data)
+        return data
+
+    def write(self, b: Any) -> int:
+        data = memoryview(b).cast("B")
+        if self._append:
+            self._pos = self.size()
+        n = self.pwrite(data, self._pos)
+        self._pos += n
+        return n
+
+    def truncate(self, size: int | None = None) -> int:
+        self._need(read=False)
+        size = self._pos if size is None else size
+        with self._len_lock:
+            inode = self._fs._truncate_path(self.name, size)
+            self._meta_len = inode.length
+            self._hi = min(self._hi, size)
+            self._reported = inode.length
+        return size
+
+    def flush(self) -> None:
+        """Nothing is buffered here (buffering is the io wrapper's); lengths report on their own."""
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            if self._writable:
+                self.fsync()
+        finally:
+            if self._writable:
+                self._fs.lengths.unregister(self)
+            super().close()
+
+    # -- positional I/O -------------------------------------------------------------------
+    def size(self, refresh: bool = False) -> int:
+        if refresh:
+            self._meta_len = self._fs._stat_inode(self.inode_id).length
+        return max(self._meta_len, self._hi)
+
+    def pread(self, length: int, offset: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` (short at the end of the file; holes are zeros)."""
+        self._need(read=True)
+        check_range(offset, length, what=f"read {self.name}", limit=self._fs.settings.max_io_bytes)
+        end = offset + length
+        if end > self.size():
+            self.size(refresh=True)  # another writer may have grown it
+        n = max(0, min(end, self.size()) - offset)
+        if n == 0:
+            return b""
+        return self._fs._read_range(self.inode_id, self.layout, offset, n, self.name)
+
+    def pwrite(self, data: Buffer, offset: int) -> int:
+        """Write all of ``data`` at ``offset``; returns ``len(data)`` (retried writes apply once)."""
+        self._need(read=False)
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise InvalidArgument(f"write {self.name}: data must be bytes-like, got {type(data).__name__}")
+        view = memoryview(data).cast("B")
+        check_range(offset, len(view), what=f"write {self.name}", limit=self._fs.settings.max_io_bytes)
+        if len(view) == 0:
+            return 0
+        self._fs._write_range(self.inode_id, self.layout, offset, view, self.name)
+        with self._len_lock:
+            self._hi = max(self._hi, offset + len(view))
+        return len(view)
+
+    # -- length -----------------------------------------------------------------------------
+    @property
+    def written_end(self) -> int:
+        return self._hi
+
+    @property
+    def needs_report(self) -> bool:
+        return self._hi > self._reported
+
+    def report_length(self) -> None:
+        """Tell meta the highest written end (adopted if larger); the periodic reporter calls this."""
+        with self._len_lock:
+            hi = self._hi
+            if hi <= self._reported:
+                return
+            inode = self._fs._report_length(self.inode_id, hi)
+            self._meta_len = inode.length
+            self._reported = max(self._reported, hi)
+
+    def fsync(self) -> int:
+        """Report the length and make it exact (see :mod:`.length`); returns the file's length."""
+        if self.closed:
+            raise ValueError(f"I/O operation on closed file {self.name}")
+        self.report_length()
+        if self._fs.settings.exact_length_on_close:
+            with self._len_lock:
+                exact = self._fs._exact_length(self.layout, self.inode_id)
+                if exact is not None and exact > self._meta_len:
+                    try:
+                        self._meta_len = self._fs._report_length(self.inode_id, exact).length
+                    except FsError:
+                        pass  # removed meanwhile: nothing to fix
+        return self.size()
+
+    def __repr__(self) -> str:
+        return f"<fireflyer.fs.File {self.name!r} inode={self.inode_id} mode={self.mode!r}>"

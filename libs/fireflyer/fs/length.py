@@ -1,0 +1,122 @@
+"""File length while writing: periodic reports of the highest written end, exact length at close.
+
+In 3FS the inode's length may lag the data (research/3fs.md §2 "File length"):
+writers report their highest written position every few seconds and meta adopts it
+if larger; on close/fsync the exact length comes from the storage side, by asking
+every chain of the layout for the file's last chunk (chunk ids of one file are a
+contiguous range per target, so that is one ``stor.query_last`` per chain).
+
+Here: :class:`LengthReporter` is one daemon thread per :class:`~.client.FileSystem`
+that reports, every ``report_interval_s``, each open writable handle whose highest
+written end grew since its last report.  :func:`exact_length` computes
+``max over chains of (last index * chunk_size + last chunk length)``.
+
+Meta has no RPC that *sets* a smaller exact length, and must not have one for this:
+a file extended by ``truncate`` has no chunk at its end, so the storage view is
+legitimately shorter than the inode.  The close path therefore only ever raises the
+length (``ReportLength`` adopts larger values); shrinking is ``Truncate``.
+``stor.query_last`` is an admin op in the storage service today; with a user token
+the close falls back to the handle's own highest written end (exact for one writer)
+and remembers not to ask again.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from fireflyer.core.errors import FireFlyerError, PermissionDenied
+from fireflyer.core.log import get_logger
+from fireflyer.meta import Layout
+from fireflyer.storage.client_min import StorageClient
+from fireflyer.storage.protocol import OP_QUERY_LAST, LastChunk, QueryLastMsg, to_meta
+
+if TYPE_CHECKING:
+    from .file import File
+
+__all__ = ["LengthReporter", "exact_length"]
+
+log = get_logger(__name__)
+
+
+def _last_on_chain(storage: StorageClient, chain_id: int, inode_id: int) -> LastChunk:
+    chain = storage.chain(chain_id)
+    err: FireFlyerError | None = None
+    for target in reversed(list(chain.serving())):  # the tail first: it commits first
+        try:
+            _, addr = storage.address(target)
+            msg = QueryLastMsg(target=target, chain_id=chain_id, chain_ver=chain.version, inode=inode_id, track=0)
+            reply = storage._call(addr, OP_QUERY_LAST, meta=to_meta(msg))
+            return msgspec.convert(reply.meta, LastChunk)
+        except PermissionDenied:
+            raise
+        except FireFlyerError as e:
+            err = e
+    raise err or FireFlyerError(f"chain {chain_id} has no serving target", chain=chain_id)
+
+
+def exact_length(storage: StorageClient, layout: Layout, inode_id: int) -> int | None:
+    """The file's length as storage sees it (0: no chunk); None when this token may not ask."""
+    best = 0
+    for chain_id in dict.fromkeys(layout.chains):
+        try:
+            last = _last_on_chain(storage, chain_id, inode_id)
+        except PermissionDenied:
+            return None
+        if last.chunk_id is not None:
+            best = max(best, last.chunk_id.index * layout.chunk_size + last.length)
+    return best
+
+
+class LengthReporter:
+    """Reports dirty handles' highest written ends every ``interval_s`` (one daemon thread)."""
+
+    def __init__(self, report: Callable[[File], None], interval_s: float) -> None:
+        self._report = report
+        self.interval_s = interval_s
+        self._files: weakref.WeakSet[File] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.reports = 0
+
+    def register(self, f: File) -> None:
+        with self._lock:
+            self._files.add(f)
+            if self._thread is None and self.interval_s > 0:
+                self._thread = threading.Thread(target=self._loop, name="ff-fs-length", daemon=True)
+                self._thread.start()
+
+    def unregister(self, f: File) -> None:
+        with self._lock:
+            self._files.discard(f)
+
+    def written_end(self, inode_id: int) -> int:
+        """The highest end written through open handles of this client (0: none)."""
+        with self._lock:
+            files = list(self._files)
+        return max((f.written_end for f in files if f.inode_id == inode_id), default=0)
+
+    def report_all(self) -> None:
+        with self._lock:
+            files = list(self._files)
+        for f in files:
+            if f.needs_report:
+                try:
+                    self._report(f)
+                    self.reports += 1
+                except FireFlyerError as e:  # meta away: the next round or close reports it
+                    log.warning("fs.length_report_failed", path=f.name, error=str(e))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.report_all()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)

@@ -1,0 +1,451 @@
+"""A minimal synchronous data-path client of the storage service (:mod:`.protocol`).
+
+    routing = MgmtdRouting(["127.0.0.1:7001"], token=token)        # or any () -> RoutingInfo
+    client = StorageClient(routing.get, token=token)
+    client.write(chain_id=1, chunk_id=ChunkId(inode, 0, 0), offset=0, data=b"...", chunk_size=1 << 20)
+    data = client.read(1, ChunkId(inode, 0, 0))
+    results = client.batch_read([ReadIo(chain_id=1, chunk_id=..., offset=0, length=4096), ...])
+    client.write_range(inode, offset, data, chunk_size, chain_of=lambda index: chains[index % len(chains)])
+
+What it does, and no more (the fs client builds layouts, sessions and caching on top):
+
+- **Routing**: ``routing()`` returns the newest :class:`~fireflyer.mgmt.model.RoutingInfo`;
+  the client calls it again after any error that says its view may be old
+  (ChainVersionMismatch, NotHead, NotServing, a dead node).  Addresses come from the
+  storage nodes' ``wire=host:port`` heartbeat tags.
+- **Writes** go to the chain head, carrying the chain version and a (client, channel,
+  seq) triple; a retry reuses the triple, so the head applies a retried write once.
+  Channels are per thread (one request at a time per channel, as the head requires).
+- **Reads** go to a random serving replica (load balance); on failure (timeout, dead
+  node, NotServing, ChunkCorrupted) the next try excludes that replica, and a node
+  that timed out is avoided for ``avoid_s``.  NotCommitted backs off and retries, or
+  is read as is with ``relaxed=True``.
+- **Request-to-send**: every read is a ``stor.batch_read`` (statuses) followed, for the
+  bytes, by ``stor.rts_grant`` taken under a :class:`SendLimiter` token, so at most
+  ``total`` servers (``per_server`` per server) send to this client at once.
+- **Batches** are split by :class:`~.protocol.BatchLimits` (128 I/Os / 4 MiB) per node.
+
+Every call is bounded by ``retry_deadline_s``; requests by ``request_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import msgspec
+
+from fireflyer.core.errors import DeadlineExceeded, FireFlyerError, ResourceExhausted, Unavailable
+from fireflyer.mgmt.model import Chain, RoutingInfo
+from fireflyer.wire import Connection, Reply
+
+from .checksum import crc32c
+from .chunkid import ChunkId, split_range
+from .craq import ReadReq, WriteAck, WriteReq
+from .errors import ChainVersionMismatch, ChunkCorrupted, NotCommitted, NotHead, NotServing, StorageError
+from .protocol import (
+    OP_BATCH_READ,
+    OP_RTS_GRANT,
+    OP_WRITE,
+    BatchLimits,
+    BatchReadMsg,
+    BatchReadReady,
+    IoResult,
+    ReadMsg,
+    RtsGrant,
+    WriteMsg,
+    error_of,
+    split_address,
+    to_meta,
+    wire_address,
+)
+
+__all__ = ["SendLimiter", "ConnectionPool", "ReadIo", "ReadResult", "StorageClient", "MgmtdRouting"]
+
+Buffer = bytes | bytearray | memoryview
+_RETRY_WRITE = (ChainVersionMismatch, NotHead, Unavailable, DeadlineExceeded)  # NotServing is Unavailable
+
+
+class SendLimiter:
+    """Request-to-send tokens: ``total`` grants in flight at most, ``per_server`` per server (3FS: 64, 8)."""
+
+    def __init__(self, total: int = 64, per_server: int = 8) -> None:
+        self.total, self.per_server = total, per_server
+        self._cond = threading.Condition()
+        self._by_server: dict[str, int] = {}
+        self.inflight = 0
+        self.max_inflight = 0
+        self.max_per_server = 0
+
+    @contextlib.contextmanager
+    def token(self, server: str, timeout_s: float = 60.0) -> Iterator[None]:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self.inflight >= self.total or self._by_server.get(server, 0) >= self.per_server:
+                if not self._cond.wait(deadline - time.monotonic()):
+                    raise DeadlineExceeded(f"no send token for {server} within {timeout_s}s", server=server)
+            self.inflight += 1
+            n = self._by_server[server] = self._by_server.get(server, 0) + 1
+            self.max_inflight = max(self.max_inflight, self.inflight)
+            self.max_per_server = max(self.max_per_server, n)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.inflight -= 1
+                self._by_server[server] -= 1
+                self._cond.notify_all()
+
+
+class ConnectionPool:
+    """Idle authenticated wire connections per ``(host, port)``; each call holds one exclusively
+    (a wire server answers one connection's requests in order).  Thread safe."""
+
+    def __init__(self, *, token: str, name: str, connect_timeout_s: float = 2.0,
+                 request_timeout_s: float = 5.0, io_timeout_s: float = 5.0, max_per_peer: int = 64) -> None:
+        self.token, self.name = token, name
+        self.connect_timeout_s, self.request_timeout_s = connect_timeout_s, request_timeout_s
+        self.io_timeout_s, self.max_per_peer = io_timeout_s, max_per_peer
+        self._idle: dict[tuple[str, int], list[Connection]] = {}
+        self._busy: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _take(self, peer: tuple[str, int]) -> Connection:
+        where = f"{peer[0]}:{peer[1]}"
+        with self._lock:
+            if self._closed:
+                raise Unavailable(f"{self.name}: connection pool is closed", peer=where)
+            idle = self._idle.setdefault(peer, [])
+            while idle:
+                conn = idle.pop()
+                if not conn.closed:
+                    self._busy[peer] = self._busy.get(peer, 0) + 1
+                    return conn
+            if self._busy.get(peer, 0) >= self.max_per_peer:
+                raise ResourceExhausted(f"{self.name}: {self.max_per_peer} calls to {where} in flight", peer=where)
+            self._busy[peer] = self._busy.get(peer, 0) + 1
+        try:
+            return Connection.connect(peer[0], peer[1], token=self.token, timeout_s=self.connect_timeout_s,
+                                      io_timeout_s=self.io_timeout_s, request_timeout_s=self.request_timeout_s,
+                                      client_name=self.name)
+        except BaseException:
+            self._give(peer, None)
+            raise
+
+    def _give(self, peer: tuple[str, int], conn: Connection | None) -> None:
+        with self._lock:
+            self._busy[peer] -= 1
+            if conn is not None and not conn.closed and not self._closed:
+                self._idle.setdefault(peer, []).append(conn)
+                return
+        if conn is not None:
+            conn.close()
+
+    def call(self, peer: tuple[str, int], op: str, payload: Any = None, *, meta: dict[str, Any],
+             into: Any = None, timeout_s: float | None = None) -> Reply:
+        """One request; a broken or timed-out connection is closed, never reused."""
+        conn = self._take(peer)
+        keep = True
+        try:
+            return conn.request(op, payload, meta=meta, into=into, timeout_s=timeout_s)
+        except (Unavailable, DeadlineExceeded) as e:
+            # NotServing/NotCommitted are the peer's typed answers: the stream is fine
+            keep = not conn.closed and isinstance(e, StorageError)
+            raise
+        finally:
+            self._give(peer, conn if keep else None)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns = [c for idle in self._idle.values() for c in idle]
+            self._idle.clear()
+        for c in conns:
+            c.close()
+
+
+class ReadIo(msgspec.Struct, frozen=True, kw_only=True):
+    chain_id: int
+    chunk_id: ChunkId
+    offset: int = 0
+    length: int = -1  # to the chunk's end (then the I/O counts as a whole batch's bytes)
+    relaxed: bool = False
+
+
+class ReadResult(msgspec.Struct, frozen=True, kw_only=True):
+    data: bytes = b""
+    error: FireFlyerError | None = None
+    version: int = 0
+    target: int = 0
+    uncommitted: bool = False
+
+
+class StorageClient:
+    def __init__(self, routing: Callable[[], RoutingInfo], *, token: str, client_id: str = "",
+                 limiter: SendLimiter | None = None, limits: BatchLimits = BatchLimits(),
+                 request_timeout_s: float = 5.0, connect_timeout_s: float = 2.0, retry_deadline_s: float = 20.0,
+                 avoid_s: float = 2.0, max_parallel: int = 32) -> None:
+        self._routing_fn = routing
+        self.routing = routing()
+        self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
+        self.limiter = limiter or SendLimiter()
+        self.limits = limits
+        self.retry_deadline_s = retry_deadline_s
+        self.avoid_s = avoid_s
+        self.pool = ConnectionPool(token=token, name=self.client_id, connect_timeout_s=connect_timeout_s,
+                                   request_timeout_s=request_timeout_s, io_timeout_s=request_timeout_s)
+        self._exec = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="storage-client")
+        self._channels = itertools.count(1)
+        self._local = threading.local()
+        self._avoid: dict[str, float] = {}
+        self._rng = random.Random()
+
+    def close(self) -> None:
+        self._exec.shutdown(wait=False, cancel_futures=True)
+        self.pool.close()
+
+    def __enter__(self) -> StorageClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- routing --------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        new = self._routing_fn()
+        if new.version >= self.routing.version:
+            self.routing = new
+
+    def chain(self, chain_id: int) -> Chain:
+        for c in self.routing.chains:
+            if c.chain_id == chain_id:
+                return c
+        raise NotServing(f"chain {chain_id} is not in routing v{self.routing.version}", chain=chain_id)
+
+    def address(self, target_id: int) -> tuple[str, str]:
+        """(node id, host:port) of a target."""
+        t = next((t for t in self.routing.targets if t.target_id == target_id), None)
+        n = next((n for n in self.routing.nodes if t is not None and n.node_id == t.node_id), None)
+        addr = wire_address(n.tags) if n is not None else None
+        if t is None or n is None or addr is None:
+            raise NotServing(f"no data-plane address for target {target_id}", target=target_id)
+        return n.node_id, addr
+
+    def _call(self, address: str, op: str, payload: Any = None, *, meta: dict[str, Any], into: Any = None) -> Reply:
+        try:
+            return self.pool.call(split_address(address), op, payload, meta=meta, into=into)
+        except (Unavailable, DeadlineExceeded) as e:
+            if not isinstance(e, StorageError):
+                self._avoid[address] = time.monotonic() + self.avoid_s
+            raise
+
+    def _backoff(self, attempt: int, deadline: float, err: Exception) -> None:
+        delay = min(0.02 * (2**attempt), 0.5) * (0.5 + self._rng.random() / 2)
+        if time.monotonic() + delay > deadline:
+            raise err
+        time.sleep(delay)
+        with contextlib.suppress(FireFlyerError):
+            self.refresh()
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def _channel(self) -> int:
+        ch = getattr(self._local, "channel", None)
+        if ch is None:
+            ch = self._local.channel = next(self._channels)
+            self._local.seq = 0
+        return ch
+
+    def write(self, chain_id: int, chunk_id: ChunkId, offset: int, data: Buffer, chunk_size: int) -> WriteAck:
+        """Write ``data`` at ``offset`` of a chunk through the chain head; retried writes apply once."""
+        channel = self._channel()
+        self._local.seq += 1
+        seq = self._local.seq
+        crc = crc32c(data)
+        deadline = time.monotonic() + self.retry_deadline_s
+        for attempt in itertools.count():
+            try:
+                chain = self.chain(chain_id)
+                if chain.head is None:
+                    raise NotServing(f"chain {chain_id} has no serving target", chain=chain_id)
+                req = WriteReq(chain_id=chain_id, chain_ver=chain.version, chunk_id=chunk_id, offset=offset,
+                               length=len(data), chunk_size=chunk_size, payload_crc=crc, client_id=self.client_id,
+                               channel=channel, seq=seq)
+                _, addr = self.address(chain.head)
+                reply = self._call(addr, OP_WRITE, data if len(data) else None,
+                                   meta=to_meta(WriteMsg(target=chain.head, req=req)))
+                return msgspec.convert(reply.meta, WriteAck)
+            except _RETRY_WRITE as e:
+                self._backoff(attempt, deadline, e)
+        raise AssertionError("unreachable")
+
+    def write_range(self, inode: int, offset: int, data: Buffer, chunk_size: int, *,
+                    chain_of: Callable[[int], int], track: int = 0) -> list[WriteAck]:
+        """Write a file byte range, chunk by chunk (chunk ``i`` on chain ``chain_of(i)``), in parallel."""
+        view = memoryview(data)
+        futs = [self._exec.submit(self.write, chain_of(idx), ChunkId(inode, track, idx), inner,
+                                  view[at:at + n], chunk_size)
+                for idx, inner, n, at in split_range(offset, len(view), chunk_size)]
+        return [f.result() for f in futs]
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def read(self, chain_id: int, chunk_id: ChunkId, offset: int = 0, length: int = -1,
+             relaxed: bool = False) -> bytes:
+        res = self.batch_read([ReadIo(chain_id=chain_id, chunk_id=chunk_id, offset=offset, length=length,
+                                      relaxed=relaxed)])[0]
+        if res.error is not None:
+            raise res.error
+        return res.data
+
+    def read_range(self, inode: int, offset: int, length: int, chunk_size: int, *,
+                   chain_of: Callable[[int], int], track: int = 0) -> bytes:
+        pieces = list(split_range(offset, length, chunk_size))
+        ios = [ReadIo(chain_id=chain_of(i), chunk_id=ChunkId(inode, track, i), offset=inner, length=n)
+               for i, inner, n, _ in pieces]
+        out = bytearray(length)
+        for (_, _, _n, at), r in zip(pieces, self.batch_read(ios), strict=True):
+            if r.error is not None:
+                raise r.error
+            out[at:at + len(r.data)] = r.data  # a chunk shorter than asked reads as zeros (a hole)
+        return bytes(out)
+
+    def batch_read(self, ios: Sequence[ReadIo]) -> list[ReadResult]:
+        """Read many I/Os; each result holds data or the error that ended its retries."""
+        results: list[ReadResult | None] = [None] * len(ios)
+        tried: list[set[int]] = [set() for _ in ios]
+        todo = list(range(len(ios)))
+        deadline = time.monotonic() + self.retry_deadline_s
+        for attempt in itertools.count():
+            retry: list[int] = []
+            last: FireFlyerError | None = None
+            batches = self._plan(ios, todo, tried, results)
+            futs = [self._exec.submit(self._one_batch, b, ios) for b in batches]
+            for f in futs:
+                for i, res in f.result():
+                    retryable = isinstance(res.error, Unavailable | DeadlineExceeded | ChainVersionMismatch |
+                                           ChunkCorrupted)
+                    if res.error is not None and retryable:
+                        if not isinstance(res.error, NotCommitted):
+                            tried[i].add(res.target)
+                        results[i], last = res, res.error
+                        retry.append(i)
+                    else:
+                        results[i] = res
+            if not retry:
+                break
+            todo = retry
+            try:
+                self._backoff(attempt, deadline, last or Unavailable("read retries exhausted"))
+            except FireFlyerError:
+                break
+        return [r or ReadResult(error=Unavailable("not read")) for r in results]
+
+    def _plan(self, ios: Sequence[ReadIo], todo: list[int], tried: list[set[int]],
+              results: list[ReadResult | None]) -> list[tuple[str, str, list[tuple[int, int]]]]:
+        """Pick a replica per I/O, group by node, cut into batches: [(node, address, [(io, target)])]."""
+        now = time.monotonic()
+        by_node: dict[tuple[str, str], list[tuple[int, int]]] = {}
+        for i in todo:
+            try:
+                chain = self.chain(ios[i].chain_id)
+                serving = list(chain.serving())
+                fresh = [t for t in serving if t not in tried[i]] or serving  # all tried: start over
+                good = [t for t in fresh if self._avoid.get(self.address(t)[1], 0) < now] or fresh
+                if not good:
+                    raise NotServing(f"chain {chain.chain_id} has no serving replica", chain=chain.chain_id)
+                target = self._rng.choice(good)
+                node, addr = self.address(target)
+            except FireFlyerError as e:
+                results[i] = ReadResult(error=e)
+                continue
+            by_node.setdefault((node, addr), []).append((i, target))
+        out = []
+        for (node, addr), items in by_node.items():
+            batch: list[tuple[int, int]] = []
+            size = 0
+            for i, t in items:
+                n = ios[i].length if ios[i].length >= 0 else self.limits.max_bytes
+                if batch and (len(batch) >= self.limits.max_ios or size + n > self.limits.max_bytes):
+                    out.append((node, addr, batch))
+                    batch, size = [], 0
+                batch.append((i, t))
+                size += n
+            out.append((node, addr, batch))
+        return out
+
+    def _one_batch(self, batch: tuple[str, str, list[tuple[int, int]]],
+                   ios: Sequence[ReadIo]) -> list[tuple[int, ReadResult]]:
+        node, addr, items = batch
+        msgs = []
+        for i, t in items:
+            io = ios[i]
+            ver = self.chain(io.chain_id).version
+            msgs.append(ReadMsg(target=t, req=ReadReq(chain_id=io.chain_id, chain_ver=ver, chunk_id=io.chunk_id,
+                                                      offset=io.offset, length=io.length, relaxed=io.relaxed)))
+        try:
+            ready = msgspec.convert(self._call(addr, OP_BATCH_READ, meta=to_meta(BatchReadMsg(ios=msgs))).meta,
+                                    BatchReadReady)
+            data = memoryview(b"")
+            if ready.xfer:
+                buf = bytearray(ready.total)
+                with self.limiter.token(node):  # request-to-send: the server sends only now
+                    self._call(addr, OP_RTS_GRANT, meta=to_meta(RtsGrant(xfer=ready.xfer)), into=buf)
+                data = memoryview(buf)
+        except FireFlyerError as e:
+            return [(i, ReadResult(error=e, target=t)) for i, t in items]
+        out, off = [], 0
+        for (i, t), r in zip(items, ready.results, strict=True):
+            out.append((i, self._result(r, t, data[off:off + r.length])))
+            off += r.length
+        return out
+
+    @staticmethod
+    def _result(r: IoResult, target: int, data: memoryview) -> ReadResult:
+        err = error_of(r)
+        if err is None and crc32c(data) != r.crc:
+            err = ChunkCorrupted(f"read data from target {target} fails its CRC32C in transit", target=target)
+        if err is not None:
+            return ReadResult(error=err, target=target)
+        return ReadResult(data=bytes(data), version=r.version, target=target, uncommitted=r.uncommitted)
+
+
+class MgmtdRouting:
+    """Routing info for synchronous code: an :class:`~fireflyer.mgmt.client.MgmtdClient` on a
+    private event-loop thread; :meth:`get` pulls the newest version (cheap when unchanged)."""
+
+    def __init__(self, addresses: str | Sequence[str], *, token: str, timeout_s: float = 5.0) -> None:
+        from fireflyer.mgmt.client import MgmtdClient
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="mgmtd-routing", daemon=True)
+        self._thread.start()
+        self.timeout_s = timeout_s
+        self._client = MgmtdClient(addresses, token=token, call_timeout_s=timeout_s)
+        self._routing: RoutingInfo | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> RoutingInfo:
+        with self._lock:
+            known = self._routing.version if self._routing is not None else 0
+            fut = asyncio.run_coroutine_threadsafe(self._client.get_routing(known), self._loop)
+            new = fut.result(self.timeout_s * 2)
+            if new is not None:
+                self._routing = new
+            assert self._routing is not None
+            return self._routing
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._client.close(), self._loop).result(self.timeout_s)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(self.timeout_s)

@@ -1,0 +1,252 @@
+"""The storage service: settings (``FF_STORAGE_*``) and wiring onto the standard runtime.
+
+    FF_STORAGE_TARGETS="101:/ssd0/t101,102:/ssd1/t102" python -m services.storage
+
+Targets: ``targets`` lists ``ID[:DIR]`` (a missing DIR is ``<target_root>/<ID>``); empty
+means ``target_count`` targets numbered from ``target_base``, where base 0 derives from
+the instance ordinal (``storage-2`` -> 301, 302, ...) so replicas of one ``[[service]]``
+entry in ``deploy/local.toml`` get distinct ids from the same environment.
+``target_root`` defaults to ``<state_dir>/storage/<node_id>``.
+
+mgmtd: ``FF_MGMTD_ADDR`` (comma separated), else the mgmtd processes of the local
+cluster's ``<state_dir>/cluster.json`` (what ``ff up`` writes).  The gRPC server only
+serves health; all storage I/O is on the wire server (``wire_host:wire_port``), whose
+address the node advertises to mgmtd in its heartbeat tags (``wire=host:port``).
+
+Timing defaults are 3FS's (heartbeat 10 s; forwarding retries with exponential backoff
+for up to 30 s); tests shrink them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from fireflyer.core.config import ServiceSettings
+from fireflyer.core.errors import SettingsError
+from fireflyer.core.runtime import Service, ServiceContext, run_service
+from fireflyer.mgmt.client import MgmtdClient, RoutingCache
+from fireflyer.rpc import TokenStore
+from fireflyer.rpc.auth import ANONYMOUS_ADMIN
+from fireflyer.storage import ChainVersionMismatch, ChunkStore, Replica, RetryPolicy
+from fireflyer.storage.protocol import BatchLimits
+from fireflyer.wire import FrameLimits, ServerRequest, WireServer
+
+from .dataplane import DataPlane, HeldTransfers
+from .forwarder import ConnectionPool, Forwarder
+from .loops import InitChains, NodeLoops
+from .node import StorageNode, TargetRuntime
+
+__all__ = ["StorageSection", "StorageSettings", "StorageService", "parse_targets", "main"]
+
+
+class StorageSection(msgspec.Struct, frozen=True, kw_only=True):
+    #: this node's id at mgmtd; empty: the instance name
+    node_id: str = ""
+    #: "ID[:DIR],..."; empty: target_count targets from target_base
+    targets: str = ""
+    target_root: str = ""
+    target_count: int = 1
+    #: first target id when ``targets`` is empty; 0: (instance ordinal + 1) * 100 + 1
+    target_base: int = 0
+    wire_host: str = "127.0.0.1"
+    #: 0 picks a free port (advertised to mgmtd)
+    wire_port: int = 0
+    fsync: bool = True
+    #: recompute every read chunk's CRC (3FS default off; whole-chunk reads are checked anyway)
+    verify_reads: bool = False
+    cluster_id: str = "local"
+    heartbeat_interval_s: float = 10.0
+    routing_pull_s: float = 10.0
+    #: refuse I/O when the last heartbeat ack is older than this (replaced by half mgmtd's fail interval)
+    fence_after_s: float = 30.0
+    join_timeout_s: float = 600.0
+    connect_timeout_s: float = 2.0
+    forward_timeout_s: float = 5.0
+    forward_max_attempts: int = 10
+    forward_base_delay_s: float = 0.05
+    forward_max_delay_s: float = 2.0
+    forward_deadline_s: float = 30.0
+    batch_max_ios: int = 128
+    batch_max_bytes: int = 4 << 20
+    max_chunk_size: int = 64 << 20
+    #: how long batch-read data waits for its request-to-send grant, and how much may wait
+    rts_hold_s: float = 30.0
+    rts_max_bytes: int = 1 << 30
+    io_threads: int = 16
+    resync_workers: int = 4
+    resync_interval_s: float = 1.0
+    #: take a target with a corrupted chunk offline so resync replaces the copy
+    repair_corrupt: bool = True
+    #: "nodes=3,replicas=3,table=1": storage node 0 creates chains for a fresh local cluster
+    init_chains: str = ""
+
+
+class StorageSettings(ServiceSettings, frozen=True, kw_only=True):
+    storage: StorageSection = msgspec.field(default_factory=StorageSection)
+    #: mgmtd address(es), FF_MGMTD_ADDR; empty: from <state_dir>/cluster.json
+    mgmtd_addr: str = ""
+
+
+def _ordinal(instance: str) -> int:
+    m = re.search(r"-(\d+)$", instance)
+    return int(m.group(1)) if m else 0
+
+
+def parse_targets(s: StorageSection, *, root: Path, instance: str) -> list[tuple[int, Path]]:
+    """``[(target id, dir)]`` from the settings (module doc); bad specs fail naming the key."""
+    out: list[tuple[int, Path]] = []
+    if s.targets.strip():
+        for part in s.targets.split(","):
+            tid_text, _, d = part.strip().partition(":")
+            try:
+                tid = int(tid_text)
+            except ValueError:
+                raise SettingsError(f"bad target {part!r} in storage.targets (expected ID[:DIR])",
+                                    key="storage.targets", expected="ID[:DIR],...") from None
+            out.append((tid, Path(d) if d else root / str(tid)))
+    else:
+        if s.target_count < 1:
+            raise SettingsError("storage.target_count must be >= 1", key="storage.target_count", expected="int >= 1")
+        base = s.target_base or (_ordinal(instance) + 1) * 100 + 1
+        out = [(base + i, root / str(base + i)) for i in range(s.target_count)]
+    ids = [t for t, _ in out]
+    if any(t <= 0 for t in ids) or len(set(ids)) != len(ids):
+        raise SettingsError(f"storage target ids must be positive and distinct, got {ids}", key="storage.targets",
+                            expected="distinct ids >= 1")
+    return out
+
+
+async def _mgmtd_addresses(settings: StorageSettings) -> list[str]:
+    if settings.mgmtd_addr:
+        return [a.strip() for a in settings.mgmtd_addr.split(",") if a.strip()]
+    from fireflyer.cluster.records import StatePaths, read_record
+
+    paths = StatePaths(Path(settings.state_dir))
+    while True:  # ff up writes cluster.json right after spawning every service
+        record = await asyncio.to_thread(read_record, paths)
+        if record is not None:
+            found = [p.address for p in record.processes if p.name == "mgmtd"]
+            if found:
+                return found
+        await asyncio.sleep(0.2)
+
+
+class StorageService(Service):
+    """Fire-Flyer 3FS storage node (CRAQ targets on the wire data plane)."""
+
+    name = "storage"
+    settings_type = StorageSettings
+
+    def __init__(self, settings: Any) -> None:
+        super().__init__(settings)
+        self.node: StorageNode | None = None
+        self.wire: WireServer | None = None
+        self.dataplane: DataPlane | None = None
+        self.pool: ConnectionPool | None = None
+        self.loops: NodeLoops | None = None
+        self._stores: list[ChunkStore] = []
+        self._cache: RoutingCache | None = None
+        self._client: MgmtdClient | None = None
+
+    async def start(self, ctx: ServiceContext) -> None:
+        settings: StorageSettings = self.settings  # type: ignore[assignment]
+        s = settings.storage
+        node_id = s.node_id or ctx.instance
+        root = Path(s.target_root) if s.target_root else Path(settings.state_dir) / "storage" / node_id
+        specs = parse_targets(s, root=root, instance=ctx.instance)
+        token = settings.token or ""
+        if settings.auth.enabled and not token:
+            raise SettingsError("storage needs a token to call mgmtd and other storage nodes: set FF_TOKEN",
+                                key="token", expected="bearer token")
+        self.pool = ConnectionPool(token=token, name=node_id, connect_timeout_s=s.connect_timeout_s,
+                                   request_timeout_s=s.forward_timeout_s, io_timeout_s=s.forward_timeout_s)
+        retry = RetryPolicy(max_attempts=s.forward_max_attempts, base_delay_s=s.forward_base_delay_s,
+                            max_delay_s=s.forward_max_delay_s, deadline_s=s.forward_deadline_s)
+        holder: dict[str, StorageNode] = {}
+        forwarder = Forwarder(self.pool, lambda t: holder["node"].address_of(t))
+
+        def make_replica_for(tid: int) -> Any:
+            return lambda store: Replica(tid, store, chains=lambda c: holder["node"].chain(c), forward=forwarder,
+                                         retry=retry)
+
+        targets = []
+        for tid, path in specs:
+            store = await asyncio.to_thread(ChunkStore, path, fsync=s.fsync, verify_reads=s.verify_reads,
+                                            target_id=tid)
+            self._stores.append(store)
+            targets.append(TargetRuntime(tid, path, store, make_replica_for(tid)))
+
+        if settings.auth.enabled:
+            assert settings.auth.tokens_file  # the runtime checked it
+            authenticate = TokenStore.from_file(settings.auth.tokens_file).lookup
+        else:
+            def authenticate(token: str) -> Any:
+                return ANONYMOUS_ADMIN
+
+        held = HeldTransfers(hold_s=s.rts_hold_s, max_bytes=s.rts_max_bytes)
+        limits = BatchLimits(max_ios=s.batch_max_ios, max_bytes=s.batch_max_bytes)
+        frame_limits = FrameLimits(max_payload_bytes=max(s.batch_max_bytes, s.max_chunk_size) + (1 << 20))
+        loops_ref: dict[str, NodeLoops] = {}
+
+        def handler(req: ServerRequest) -> None:
+            try:
+                dataplane(req)
+            except ChainVersionMismatch as e:
+                if int(e.fields.get("got", 0)) > int(e.fields.get("expected", 0)) and "loops" in loops_ref:
+                    loops_ref["loops"].kick_refresh()  # the sender knows a newer chain: catch up
+                raise
+
+        self.wire = WireServer(handler, authenticate=authenticate, host=s.wire_host, port=s.wire_port,
+                               limits=frame_limits, name=f"storage:{node_id}")
+        wire_port = self.wire.port
+        node = StorageNode(node_id, targets, wire_address=f"{s.wire_host}:{wire_port}",
+                           grpc_address=lambda: ctx.server.address, fence_after_s=s.fence_after_s)
+        holder["node"] = self.node = node
+        dataplane = DataPlane(node, forwarder, limits=limits, max_chunk_size=s.max_chunk_size, held=held,
+                              workers=s.io_threads, on_corrupt=lambda rt, cid, e: loops_ref["loops"].on_corrupt(rt, cid, e))
+        self.dataplane = dataplane
+        wire_port = self.wire.start()
+        node.wire_address = f"{s.wire_host}:{wire_port}"
+        init = InitChains.parse(s.init_chains)
+
+        async def run() -> None:
+            addresses = await _mgmtd_addresses(settings)
+            self._client = MgmtdClient(addresses, token=token or None, rpc=settings.rpc)
+            self._cache = RoutingCache(self._client, bus=ctx.bus, cluster_id=s.cluster_id,
+                                       pull_interval_s=s.routing_pull_s)
+            self._cache.on_update.append(node.set_routing)
+            await self._cache.start()
+            self.loops = loops_ref["loops"] = NodeLoops(
+                node, self._client, self._cache, forwarder, bus=ctx.bus, heartbeat_interval_s=s.heartbeat_interval_s,
+                join_timeout_s=s.join_timeout_s, resync_interval_s=s.resync_interval_s,
+                resync_workers=s.resync_workers, repair_corrupt=s.repair_corrupt, init_chains=init,
+                is_first=_ordinal(ctx.instance) == 0,
+            )  # fmt: skip
+            await self.loops.run()
+
+        ctx.spawn(run(), name="storage-node")
+        ctx.log.info("storage.starting", node=node_id, wire=node.wire_address,
+                     targets=",".join(f"{t}:{p}" for t, p in specs), fsync=s.fsync)
+
+    async def stop(self) -> None:
+        if self.wire is not None:
+            await asyncio.to_thread(self.wire.stop)
+        if self.dataplane is not None:
+            self.dataplane.close()
+        if self.pool is not None:
+            self.pool.close()
+        if self._cache is not None:
+            await self._cache.stop()
+        if self._client is not None:
+            await self._client.close()
+        for store in self._stores:
+            store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_service(StorageService, argv)
