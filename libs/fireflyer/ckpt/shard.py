@@ -1,0 +1,214 @@
+"""Placing tensors in shard files, writing them and reading them back (storage-independent).
+
+:func:`pack` decides, purely, where each tensor goes: tensors fill shard files in order, each
+at an ``align``-aligned offset, and a new shard starts when the next tensor would cross
+``shard_bytes`` (a tensor larger than that gets a shard of its own).  :func:`write_shards`
+and :func:`read_tensors` move the bytes through any object with the 3FS client's two batch
+calls (``batch_write([(path, offset, data)])``, ``batch_read([(path, offset, length)])``
+returning results with ``.data``/``.error``): :class:`fireflyer.fs.FileSystem`, or
+:class:`~fireflyer.ckpt.localfs.LocalFS` for a local directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import msgspec
+import numpy as np
+
+from fireflyer.core.errors import FireFlyerError, InvalidArgument
+from fireflyer.storage.checksum import crc32c
+
+from .index import ShardFile, ShardIndex, TensorEntry, ValueEntry
+from .state import FlatState, ValueLeaf, _as_path, _matches, numpy_dtype, torch_dtype
+
+__all__ = ["ShardLayout", "CheckpointCorrupted", "BatchFS", "pack", "write_shards", "read_tensors",
+           "shard_name"]
+
+#: the largest single I/O sent to the file system (3FS's default limit is 1 GiB)
+IO_BYTES = 64 << 20
+
+
+class CheckpointCorrupted(FireFlyerError):
+    """A tensor's bytes do not match the CRC32C recorded when it was saved (fields ``path``, ``shard``)."""
+
+    code = "DATA_LOSS"
+
+
+class BatchFS(Protocol):
+    def batch_write(self, ios: Sequence[tuple[str, int, Any]]) -> Sequence[Any]: ...
+    def batch_read(self, ios: Sequence[tuple[str, int, int]]) -> Sequence[Any]: ...
+
+
+class ShardLayout(msgspec.Struct, frozen=True):
+    """One shard file: its name, size and the indices (into ``index.entries``) of its tensors."""
+
+    name: str
+    size: int
+    entries: list[int]
+
+
+def shard_name(rank: int, i: int) -> str:
+    return f"rank{rank:05d}-shard{i:04d}.bin"
+
+
+def _align_up(n: int, align: int) -> int:
+    return -(-n // align) * align
+
+
+def pack(flat: FlatState, *, rank: int = 0, shard_bytes: int = 256 << 20,
+         align: int = 4096) -> tuple[ShardIndex, list[ShardLayout]]:
+    """Place every tensor of ``flat`` in a shard (and checksum it); returns the index and the layouts."""
+    if shard_bytes <= 0 or align <= 0:
+        raise InvalidArgument(f"shard_bytes ({shard_bytes}) and align ({align}) must be positive")
+    entries: list[TensorEntry | ValueEntry] = []
+    layouts: list[tuple[list[int], int]] = []  # (entry indices, size)
+    for leaf in flat.leaves:
+        if isinstance(leaf, ValueLeaf):
+            entries.append(ValueEntry(leaf.path, leaf.value_bytes))
+            continue
+        n = leaf.nbytes
+        if layouts:
+            members, size = layouts[-1]
+            offset = _align_up(size, align)
+        if not layouts or (members and offset + n > shard_bytes):
+            layouts.append(([], 0))
+            offset = 0
+        members, _ = layouts[-1]
+        members.append(len(entries))
+        layouts[-1] = (members, offset + n)
+        entries.append(TensorEntry(leaf.path, leaf.kind, leaf.dtype, leaf.shape,  # type: ignore[arg-type]
+                                   len(layouts) - 1, offset, n, crc32c(leaf.data)))
+    out = [ShardLayout(shard_name(rank, i), size, members) for i, (members, size) in enumerate(layouts)]
+    index = ShardIndex(rank=rank, tree=flat.tree, entries=entries,
+                       shards=[ShardFile(s.name, s.size) for s in out])
+    return index, out
+
+
+def _join(directory: str, name: str) -> str:
+    return f"{directory.rstrip('/')}/{name}" if directory else name
+
+
+def _check(results: Sequence[Any], what: Sequence[str]) -> None:
+    for r, w in zip(results, what, strict=True):
+        err = getattr(r, "error", None)
+        if err is not None:
+            if isinstance(err, FireFlyerError):
+                raise err
+            raise FireFlyerError(f"checkpoint I/O failed: {w}: {err}", target=w) from err
+
+
+def write_shards(fs: BatchFS, directory: str, index: ShardIndex,
+                 tensors: FlatState | Mapping[str, Any], *, io_bytes: int = IO_BYTES) -> int:
+    """Write every tensor of ``index`` into its shard under ``directory``; returns the bytes written.
+
+    ``tensors`` maps path -> bytes-like (or is the :class:`FlatState` that was packed).  The
+    shard files are created first where ``fs`` can (``mkdir``/``write_bytes``, as the 3FS
+    client does), since 3FS's ``batch_write`` writes only to existing files."""
+    bufs = tensors.buffers() if isinstance(tensors, FlatState) else tensors
+    if hasattr(fs, "mkdir") and directory:
+        fs.mkdir(directory, parents=True, exist_ok=True)  # type: ignore[attr-defined]
+    if hasattr(fs, "write_bytes"):
+        for s in index.shards:
+            fs.write_bytes(_join(directory, s.name), b"")  # type: ignore[attr-defined]
+    ios: list[tuple[str, int, memoryview]] = []
+    what: list[str] = []
+    total = 0
+    for e in index.entries:
+        if not isinstance(e, TensorEntry) or e.nbytes == 0:
+            continue
+        try:
+            view = memoryview(bufs[e.path]).cast("B")
+        except KeyError:
+            raise InvalidArgument(f"no data given for tensor {e.path}", path=e.path) from None
+        if view.nbytes != e.nbytes:
+            raise InvalidArgument(f"{e.path}: {view.nbytes} bytes given, the index says {e.nbytes}",
+                                  path=e.path)
+        target = _join(directory, index.shards[e.shard].name)
+        for at in range(0, e.nbytes, io_bytes):
+            ios.append((target, e.offset + at, view[at:at + io_bytes]))
+            what.append(f"{e.path} -> {target}")
+        total += e.nbytes
+    if ios:
+        _check(fs.batch_write(ios), what)
+    return total
+
+
+def _runs(entries: list[TensorEntry], gap: int) -> list[list[TensorEntry]]:
+    """Group one shard's entries (sorted by offset) into runs read with one I/O."""
+    runs: list[list[TensorEntry]] = []
+    for e in sorted(entries, key=lambda e: e.offset):
+        if runs:
+            last = runs[-1][-1]
+            if e.offset - (last.offset + last.nbytes) <= gap and e.offset + e.nbytes - runs[-1][0].offset <= IO_BYTES:
+                runs[-1].append(e)
+                continue
+        runs.append([e])
+    return runs
+
+
+def _rebuild(e: TensorEntry, buf: Any, offset: int, map_location: Any) -> Any:
+    if e.kind == "torch":
+        import torch
+
+        dtype = torch_dtype(e.dtype)
+        if e.nbytes == 0:
+            t = torch.empty(e.shape, dtype=dtype)
+        else:
+            t = torch.frombuffer(buf, dtype=torch.uint8, count=e.nbytes, offset=offset).view(dtype).reshape(e.shape)
+        if map_location not in (None, "cpu") and str(map_location) != "cpu":
+            t = t.to(map_location)
+        return t
+    dtype = numpy_dtype(e.dtype)
+    count = e.nbytes // dtype.itemsize if dtype.itemsize else 0
+    a = np.frombuffer(buf, dtype=dtype, count=count, offset=offset).reshape(e.shape)
+    return a[()] if e.kind == "numpy_scalar" else a
+
+
+def read_tensors(fs: BatchFS, directory: str, index: ShardIndex, paths: Sequence[Any] | None = None,
+                 map_location: Any = "cpu", *, verify: bool = True, gap: int = 1 << 20) -> dict[str, Any]:
+    """Read the tensors of ``index`` (those under ``paths``, as in :func:`~fireflyer.ckpt.state.select`)
+    and return path -> tensor/array; plain values are decoded too.
+
+    Tensors lying close together in a shard are read with one I/O (holes up to ``gap`` bytes
+    are read and dropped) into one writable buffer; the tensors are views of it (zero-copy
+    when ``fs`` returns writable buffers, one copy when it returns ``bytes``).  With
+    ``verify``, each tensor's CRC32C is checked: :class:`CheckpointCorrupted` names the
+    first bad tensor and its shard."""
+    prefixes = None if paths is None else [_as_path(p) for p in paths]
+    wanted = [e for e in index.entries if prefixes is None or _matches(e.path, prefixes)]
+    out: dict[str, Any] = {}
+    by_shard: dict[int, list[TensorEntry]] = {}
+    for e in wanted:
+        if isinstance(e, ValueEntry):
+            out[e.path] = msgspec.msgpack.decode(e.value_bytes)
+        else:
+            by_shard.setdefault(e.shard, []).append(e)
+    runs = [run for s in sorted(by_shard) for run in _runs(by_shard[s], gap)]
+    ios = []
+    for run in runs:
+        start = run[0].offset
+        end = max(e.offset + e.nbytes for e in run)
+        ios.append((_join(directory, index.shards[run[0].shard].name), start, end - start))
+    results = fs.batch_read(ios) if ios else []
+    _check(results, [f"{p} @{o}+{n}" for p, o, n in ios])
+    for run, (target, start, _n), r in zip(runs, ios, results, strict=True):
+        data = r.data
+        buf = data if isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly) \
+            else bytearray(data)
+        for e in run:
+            at = e.offset - start
+            if at + e.nbytes > len(buf):
+                raise CheckpointCorrupted(f"tensor {e.path}: shard {target} is truncated "
+                                          f"({start + len(buf)} bytes, needs {e.offset + e.nbytes})",
+                                          path=e.path, shard=target)
+            if verify:
+                got = crc32c(memoryview(buf)[at:at + e.nbytes])
+                if got != e.crc32c:
+                    raise CheckpointCorrupted(
+                        f"tensor {e.path} in shard {target} (offset {e.offset}, {e.nbytes} bytes) is corrupted: "
+                        f"CRC32C {got:#010x} != {e.crc32c:#010x} saved; restore an older checkpoint",
+                        path=e.path, shard=target, offset=e.offset)
+            out[e.path] = _rebuild(e, buf, at, map_location)
+    return out

@@ -1,0 +1,248 @@
+"""Flatten a nested training state into (path, leaf) entries and rebuild it exactly.
+
+A state is dicts (``str``/``int`` keys), lists and tuples of leaves: torch tensors (any
+dtype, incl. bfloat16 and float8), numpy arrays and scalars (incl. ml_dtypes bfloat16 /
+float8) and plain values (None, bool, int, float, str, bytes).  :func:`flatten` returns the
+structure (:class:`~fireflyer.ckpt.index.Node`) and the leaves; :func:`unflatten` rebuilds it,
+key types, tuples and lists included.
+
+Paths join components with ``/``: a str key percent-escapes ``%`` and ``/``; an int key or
+a list/tuple index is its decimal (``optim/state/0/exp_avg``).  Anything else (a set, a
+module, an object tensor) is refused with :class:`InvalidArgument` naming its path, before
+anything is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from fireflyer.core.errors import InvalidArgument
+
+from .index import DictNode, Entry, LeafNode, ListNode, Node, TupleNode
+
+try:  # torch is optional: numpy-only states work without it
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None  # type: ignore[assignment]
+
+try:
+    import ml_dtypes
+except ImportError:  # pragma: no cover
+    ml_dtypes = None  # type: ignore[assignment]
+
+__all__ = [
+    "TensorLeaf", "ValueLeaf", "Leaf", "FlatState", "flatten", "unflatten", "select",
+    "join_path", "escape_key", "numpy_dtype", "torch_dtype", "decode_value",
+]
+
+_PLAIN = (type(None), bool, int, float, str, bytes)
+_NUMPY_KINDS = "biufcSUmM"
+
+
+class TensorLeaf(msgspec.Struct, frozen=True):
+    """A tensor or array as C-contiguous bytes (``data``); ``kind``/``dtype``/``shape`` as in the index."""
+
+    path: str
+    kind: str
+    dtype: str
+    shape: tuple[int, ...]
+    data: memoryview
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+
+class ValueLeaf(msgspec.Struct, frozen=True):
+    path: str
+    value_bytes: bytes
+
+
+Leaf = TensorLeaf | ValueLeaf
+
+
+class FlatState(msgspec.Struct, frozen=True):
+    tree: Node
+    leaves: list[Leaf]
+
+    def buffers(self) -> dict[str, memoryview]:
+        return {leaf.path: leaf.data for leaf in self.leaves if isinstance(leaf, TensorLeaf)}
+
+
+def escape_key(key: str) -> str:
+    return key.replace("%", "%25").replace("/", "%2F")
+
+
+def join_path(parent: str, key: int | str) -> str:
+    part = str(key) if isinstance(key, int) else escape_key(key)
+    return f"{parent}/{part}" if parent else part
+
+
+def _as_path(key: str | Sequence[int | str]) -> str:
+    if isinstance(key, str):
+        return key
+    path = ""
+    for k in key:
+        path = join_path(path, k)
+    return path
+
+
+# -- dtypes ----------------------------------------------------------------------------
+def numpy_dtype_name(dtype: np.dtype, path: str) -> str:
+    if dtype.kind in _NUMPY_KINDS and dtype.fields is None:
+        return dtype.str
+    if ml_dtypes is not None and isinstance(getattr(ml_dtypes, dtype.name, None), type):
+        if np.dtype(getattr(ml_dtypes, dtype.name)) == dtype:
+            return dtype.name
+    raise InvalidArgument(f"{path or '<root>'}: numpy dtype {dtype} cannot be checkpointed "
+                          "(object and structured arrays are not supported)", path=path, dtype=str(dtype))
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    if ml_dtypes is not None and name[:1] not in "<>|=" and hasattr(ml_dtypes, name):
+        return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(name)
+
+
+def torch_dtype(name: str) -> Any:
+    dt = getattr(torch, name, None) if torch is not None else None
+    if not isinstance(dt, torch.dtype if torch is not None else type(None)):
+        raise InvalidArgument(f"torch has no dtype {name!r} (saved by a newer torch?)", dtype=name)
+    return dt
+
+
+# -- flatten ---------------------------------------------------------------------------
+def _tensor_leaf(path: str, t: Any) -> TensorLeaf:
+    if t.is_sparse or t.is_quantized or t.layout != torch.strided:
+        raise InvalidArgument(f"{path or '<root>'}: only dense (strided) tensors can be checkpointed, "
+                              f"got layout {t.layout}", path=path)
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    shape = tuple(t.shape)
+    flat = t.contiguous().reshape(-1)
+    data = memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+    return TensorLeaf(path, "torch", str(t.dtype).removeprefix("torch."), shape, data)
+
+
+def _array_leaf(path: str, a: np.ndarray, kind: str) -> TensorLeaf:
+    name = numpy_dtype_name(a.dtype, path)
+    c = np.ascontiguousarray(a)
+    return TensorLeaf(path, kind, name, tuple(a.shape), memoryview(c.reshape(-1).view(np.uint8)))
+
+
+def flatten(state: Any) -> FlatState:
+    """Split ``state`` into its structure and leaves; raises :class:`InvalidArgument` naming
+    the path of the first thing it cannot checkpoint."""
+    leaves: list[Leaf] = []
+    seen: set[str] = set()
+    active: set[int] = set()
+
+    def claim(path: str) -> None:
+        if path in seen:
+            raise InvalidArgument(f"{path or '<root>'}: two entries map to the same checkpoint path "
+                                  "(an int key and a str key with the same digits?)", path=path)
+        seen.add(path)
+
+    def walk(path: str, obj: Any) -> Node:
+        if isinstance(obj, Mapping | list | tuple):
+            if id(obj) in active:
+                raise InvalidArgument(f"{path or '<root>'}: the state contains a reference cycle", path=path)
+            active.add(id(obj))
+            try:
+                return walk_container(path, obj)
+            finally:
+                active.discard(id(obj))
+        claim(path)
+        if torch is not None and isinstance(obj, torch.Tensor):
+            leaves.append(_tensor_leaf(path, obj))
+        elif isinstance(obj, np.ndarray):
+            leaves.append(_array_leaf(path, obj, "numpy"))
+        elif isinstance(obj, np.generic):
+            leaves.append(_array_leaf(path, np.asarray(obj), "numpy_scalar"))
+        elif type(obj) in _PLAIN:
+            try:
+                leaves.append(ValueLeaf(path, msgspec.msgpack.encode(obj)))
+            except (OverflowError, msgspec.EncodeError) as e:
+                raise InvalidArgument(f"{path or '<root>'}: cannot encode {obj!r}: {e}", path=path) from e
+        else:
+            raise InvalidArgument(
+                f"{path or '<root>'}: cannot checkpoint a {type(obj).__module__}.{type(obj).__qualname__}; "
+                "convert it to tensors, arrays, dicts, lists or plain values (None, bool, int, float, str, "
+                "bytes)", path=path, type=type(obj).__qualname__)
+        return LeafNode(path)
+
+    def walk_container(path: str, obj: Any) -> Node:
+        if isinstance(obj, Mapping):
+            if type(obj) is not dict and not isinstance(obj, dict):
+                raise InvalidArgument(f"{path or '<root>'}: only dict mappings are supported, got "
+                                      f"{type(obj).__qualname__}", path=path)
+            items: list[tuple[int | str, Node]] = []
+            for k, v in obj.items():
+                if type(k) is not str and type(k) is not int:
+                    raise InvalidArgument(f"{path or '<root>'}: dict key {k!r} is a {type(k).__qualname__}; "
+                                          "only str and int keys can be checkpointed", path=path)
+                items.append((k, walk(join_path(path, k), v)))
+            return DictNode(path, items)
+        nodes = [walk(join_path(path, i), v) for i, v in enumerate(obj)]
+        return TupleNode(path, nodes) if isinstance(obj, tuple) else ListNode(path, nodes)
+
+    tree = walk("", state)
+    return FlatState(tree, leaves)
+
+
+# -- rebuild and select ------------------------------------------------------------------
+def _matches(path: str, prefixes: Sequence[str]) -> bool:
+    return any(p == "" or path == p or path.startswith(p + "/") for p in prefixes)
+
+
+def _under(path: str, prefixes: Sequence[str]) -> bool:
+    """Whether some selected prefix lies at or below ``path`` (the container must be kept)."""
+    return any(path == "" or p == path or p.startswith(path + "/") for p in prefixes)
+
+
+def select(entries: Iterable[Entry | Leaf], keys: Iterable[str | Sequence[int | str]]) -> list[Any]:
+    """The entries whose path is one of ``keys`` or lies under one (a key is a path string
+    ``"optim/state/0"`` or a sequence of components ``("optim", "state", 0)``)."""
+    prefixes = [_as_path(k) for k in keys]
+    return [e for e in entries if _matches(e.path, prefixes)]
+
+
+def unflatten(tree: Node, leaves: Mapping[str, Any], keys: Iterable[str | Sequence[int | str]] | None = None) -> Any:
+    """Rebuild the state from ``tree`` and the leaf values by path.
+
+    With ``keys`` (a partial load), dict items with nothing selected are left out, while a
+    list or tuple keeps its length with ``None`` in the places not selected."""
+    prefixes = None if keys is None else [_as_path(k) for k in keys]
+    missing = object()
+
+    def build(node: Node) -> Any:
+        if prefixes is not None and not (_matches(node.path, prefixes) or _under(node.path, prefixes)):
+            return missing
+        if isinstance(node, LeafNode):
+            return leaves[node.path]
+        if isinstance(node, DictNode):
+            out = {}
+            for k, child in node.items:
+                v = build(child)
+                if v is not missing:
+                    out[k] = v
+            return out
+        items = [build(child) for child in node.items]
+        items = [None if v is missing else v for v in items]
+        return tuple(items) if isinstance(node, TupleNode) else items
+
+    out = build(tree)
+    return None if out is missing else out
+
+
+def decode_value(value_bytes: bytes) -> Any:
+    return msgspec.msgpack.decode(value_bytes)
