@@ -1,0 +1,5 @@
+"""Shared test configuration: fixtures come from fireflyer.testing plugins."""
+
+pytest_plugins = [
+    "fireflyer.testing.fixtures",
+]

@@ -1,0 +1,242 @@
+"""Rank programs for the HFReduce worker/client integration tests.
+
+Run as a script, it imports the client once and forks one child per rank (so a test
+with 15 ranks pays for one interpreter start); each child joins the communicator with
+explicit arguments, runs ``--mode`` and writes ``<out>/rank<R>.json`` (outcome) and,
+for ``matrix``, ``<out>/rank<R>.npz`` (every result).  The tests import :func:`cases`
+and :func:`make_input` to compute the expected values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+DTYPES = ["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int32", "int64"]
+OPS = ["sum", "avg", "max", "min"]
+LARGE = 4 << 20  # float32 elements: 16 MiB
+_op_t0 = [0.0]  # monotonic start of the op a fault test expects to fail
+
+
+def _say(line: str) -> None:
+    """One write per line: the forked ranks share one stdout pipe, and print() may split a line."""
+    os.write(1, (line + "\n").encode())
+
+
+def _mark() -> None:
+    _op_t0[0] = time.monotonic()
+
+
+def cases(full: bool) -> list[tuple[str, str, str, int, int]]:
+    """(name, kind, op, dtype, count, root) cases, as tuples (kind, op, dtype, count, root)."""
+    out: list[tuple[str, str, str, int, int]] = []
+    sizes = [0, 1, 1001, 40000] if full else [1001]
+    for dt in DTYPES:
+        for op in OPS:
+            for n in sizes:
+                out.append(("allreduce", op, dt, n, -1))
+    for n in ([0, 1] if not full else []):
+        out.append(("allreduce", "sum", "float32", n, -1))
+    for dt in DTYPES:
+        out.append(("broadcast", "sum", dt, 1001, -2))  # -2: the last rank
+        out.append(("reduce", "sum", dt, 1001, 0))
+    if full:
+        out.append(("allreduce", "sum", "float32", LARGE, -1))
+    return out
+
+
+def make_input(case: tuple[str, str, str, int, int], index: int, rank: int) -> np.ndarray:
+    kind, op, dt, n, _ = case
+    rng = np.random.default_rng([index, rank])
+    dtype = np.dtype(getattr(ml_dtypes, dt, None) or dt)
+    if dtype.kind in "iu":
+        return rng.integers(-1000, 1000, n).astype(dtype)
+    if kind == "broadcast":
+        bits = rng.integers(0, 256, n * dtype.itemsize, dtype=np.uint8)  # any bits: NaN payloads, -0.0
+        return bits.view(dtype)
+    scale = 4.0 if dt.startswith("float8") else 100.0
+    return (rng.standard_normal(n, dtype=np.float32) * scale).astype(dtype)
+
+
+def _matrix(comm: Any, out: str, full: bool) -> dict[str, Any]:
+    results: dict[str, np.ndarray] = {}
+    for i, case in enumerate(cases(full)):
+        kind, op, dt, n, root = case
+        x = make_input(case, i, comm.rank)
+        if root == -2:
+            root = comm.world_size - 1
+        if kind == "allreduce":
+            comm.allreduce(x, op=op)
+        elif kind == "reduce":
+            comm.reduce(x, root, op=op)
+        else:
+            comm.broadcast(x, root)
+        results[f"c{i}"] = x.view(np.uint8)
+    # zero copy, async, torch: float32 sum of rank+1 and index-dependent values
+    z = comm.zeros(3001, "float32")
+    z[:] = np.arange(3001, dtype=np.float32) + comm.rank
+    w1 = comm.allreduce(z, op="sum", async_op=True)
+    y = np.full(777, comm.rank + 1, dtype=np.int64)
+    w2 = comm.allreduce(y, op="max", async_op=True)
+    assert w2.wait(30) is y and w1.wait(30) is z and w1.is_completed() and w2.is_completed()
+    results["zero_copy"] = np.array(z).view(np.uint8)
+    results["async_max"] = y.view(np.uint8)
+    torch = sys.modules.get("torch")  # imported before the fork with --torch (too slow per child)
+    if torch is not None:
+        t = torch.arange(513, dtype=torch.float32) * (comm.rank + 1)
+        assert comm.allreduce(t) is t
+        results["torch_f32"] = t.numpy().view(np.uint8).copy()
+        tb = torch.full((2, 65), float(comm.rank + 1), dtype=torch.bfloat16)
+        comm.allreduce(tb, op="avg")
+        results["torch_bf16"] = tb.view(torch.int16).numpy().view(np.uint8).copy()
+        tz = torch.from_numpy(comm.zeros(100, "float32")) + 0  # a copy: not in shm
+        tz += comm.rank
+        comm.allreduce(tz)
+        results["torch_copy"] = tz.numpy().view(np.uint8).copy()
+    comm.barrier()
+    st = comm.status()
+    np.savez(os.path.join(out, f"rank{comm.rank}.npz"), **results)
+    return {"torch": torch is not None, "recent": len(st.recent), "phases": sorted({r.phase for r in st.recent}),
+            "record_fields": sorted(st.recent[-1].__struct_fields__) if st.recent else []}
+
+
+def _run(mode: str, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
+    if mode == "matrix":
+        return _matrix(comm, args.out, args.full)
+    if mode == "ops":  # a few allreduces (a communicator after a failure still works)
+        for _ in range(3):
+            x = np.full(5000, comm.rank + 1, np.float32)
+            comm.allreduce(x)
+            assert np.all(x == comm.world_size * (comm.world_size + 1) / 2), x[:3]
+        return {}
+    if mode == "mismatch":
+        n = 101 if comm.rank == args.victim else 100
+        _mark()
+        comm.allreduce(np.ones(n, np.float32))
+        return {}
+    if mode == "sleep":
+        comm.allreduce(np.ones(10, np.float32))
+        if comm.rank == args.victim:
+            time.sleep(args.sleep_s)
+        _mark()
+        comm.allreduce(np.ones(10, np.float32))
+        return {}
+    if mode == "victim":  # the victim never submits; the test kills it (or the worker)
+        comm.allreduce(np.ones(10, np.float32))
+        _say(f"submitting rank={comm.rank}")
+        if comm.rank == args.victim:
+            time.sleep(3600)
+        _mark()
+        comm.allreduce(np.ones(10, np.float32))
+        return {}
+    if mode == "pause":  # one op, then wait for <out>/go (the test stops the worker meanwhile)
+        comm.allreduce(np.ones(10, np.float32))
+        _say(f"submitting rank={comm.rank}")
+        while not os.path.exists(os.path.join(args.out, "go")):
+            time.sleep(0.01)
+        _mark()
+        comm.allreduce(np.ones(10, np.float32))
+        return {}
+    if mode == "cuda":
+        from numba import cuda
+
+        x = np.arange(1001, dtype=np.float32) * (comm.rank + 1)
+        d = cuda.to_device(x)
+        assert comm.allreduce(d) is d
+        got = d.copy_to_host()
+        want = np.arange(1001, dtype=np.float32) * (comm.world_size * (comm.world_size + 1) // 2)
+        b = cuda.to_device(np.full(33, comm.rank, np.int32))
+        comm.broadcast(b, root=0)
+        return {"ok_sum": bool(np.array_equal(got, want)), "bcast": b.copy_to_host().tolist()}
+    raise SystemExit(f"unknown mode {mode}")
+
+
+def _is_hfr(e: BaseException) -> bool:
+    from fireflyer.hfreduce.errors import HFReduceError
+
+    return isinstance(e, HFReduceError)
+
+
+def child(args: argparse.Namespace, node: int, lr: int) -> int:
+    from fireflyer import hfreduce
+
+    rank = node * args.k + lr
+    t0 = time.monotonic()
+    outcome: dict[str, Any] = {"rank": rank, "ok": False}
+    try:
+        comm = hfreduce.init(rank=rank, world_size=args.nnodes * args.k, local_rank=lr, local_world_size=args.k,
+                             node_rank=node, nnodes=args.nnodes, socket=args.socket.format(node=node),
+                             job_id="test", name=args.name, timeout_s=args.timeout_s or None)
+        try:
+            outcome.update(_run(args.mode, comm, args))
+            outcome["ok"] = True
+        finally:
+            outcome["elapsed"] = time.monotonic() - t0
+            try:
+                comm.close()
+            except Exception:  # noqa: BLE001
+                pass
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        outcome.update(kind=type(e).__name__, message=str(e), fields=getattr(e, "fields", {}),
+                       elapsed=time.monotonic() - t0, op_elapsed=time.monotonic() - _op_t0[0],
+                       hfreduce_error=_is_hfr(e), tb=traceback.format_exc()[-3000:])
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump(outcome, f, default=str)
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--socket", required=True, help="path template with {node}")
+    p.add_argument("--nnodes", type=int, required=True)
+    p.add_argument("--k", type=int, required=True)
+    p.add_argument("--nodes", default="", help="only ranks of these nodes (comma list)")
+    p.add_argument("--mode", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--name", default="default")
+    p.add_argument("--timeout-s", type=float, default=0.0, help="0: the worker's default")
+    p.add_argument("--victim", type=int, default=-1)
+    p.add_argument("--sleep-s", type=float, default=0.0)
+    p.add_argument("--full", action="store_true")
+    p.add_argument("--torch", action="store_true")
+    args = p.parse_args()
+    import fireflyer.hfreduce.client  # noqa: F401 - imported once, before forking
+
+    if args.torch:
+        try:
+            import torch
+
+            torch.set_num_threads(1)
+        except ImportError:
+            pass
+
+    nodes = [int(x) for x in args.nodes.split(",")] if args.nodes else list(range(args.nnodes))
+    pids = {}
+    for node in nodes:
+        for lr in range(args.k):
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    code = child(args, node, lr)
+                finally:
+                    os._exit(code)
+            pids[pid] = node * args.k + lr
+            _say(f"rank {node * args.k + lr} pid={pid}")
+    bad = 0
+    for pid in pids:
+        _, status = os.waitpid(pid, 0)
+        bad |= status != 0
+    return int(bad)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Smoke test of ``ff bench allreduce``: tiny sizes, the JSON keys, positive numbers (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fireflyer.cli.main import main as ff_main
+from fireflyer.hfreduce.bench_allreduce import loopback_capacity, main
+
+REQUIRED = {"size_bytes", "dtype", "nodes", "local_ranks", "time_s", "algbw_GBps", "busbw_GBps",
+            "gloo_algbw_GBps", "ratio", "gloo_time_s", "bound_GBps", "fraction_of_bound"}
+
+
+def test_two_nodes_vs_gloo_with_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "ar.json"
+    rc = ff_main(["bench", "allreduce", "--nodes", "2", "--local-ranks", "1", "--sizes", "4,1M",
+                  "--vs", "gloo", "--target-s", "0.05", "--json", str(out)])
+    assert rc == 0
+    assert "ratio" in capsys.readouterr().out  # the table
+    doc = json.loads(out.read_text())
+    assert doc["bench"] == "allreduce" and doc["world_size"] == 2 and doc["cpu_count"] >= 1
+    assert doc["torch_version"] and "git_sha" in doc
+    assert [e["size_bytes"] for e in doc["results"]] == [4, 1 << 20]
+    for e in doc["results"]:
+        assert REQUIRED <= e.keys()
+        assert (e["dtype"], e["nodes"], e["local_ranks"]) == ("fp32", 2, 1)
+        for k in ("time_s", "algbw_GBps", "busbw_GBps", "gloo_time_s", "gloo_algbw_GBps", "ratio"):
+            assert e[k] > 0, k
+        assert e["busbw_GBps"] == pytest.approx(e["algbw_GBps"])  # n = 2: busbw == algbw
+    small, big = doc["results"]
+    assert small["bound_GBps"] is None  # the bound is not meaningful for latency-bound sizes
+    assert big["bound_GBps"] > 0 and big["loopback_GBps"] == pytest.approx(2 * big["bound_GBps"])
+    assert big["fraction_of_bound"] == pytest.approx(big["algbw_GBps"] / big["bound_GBps"])
+
+
+def test_one_node_two_ranks_bf16_json_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["--nodes", "1", "--local-ranks", "2", "--sizes", "4K,64K", "--dtype", "bf16",
+               "--target-s", "0.05", "--json", "-"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["vs"] is None and doc["world_size"] == 2
+    for e in doc["results"]:
+        assert REQUIRED <= e.keys() and e["dtype"] == "bf16"
+        assert e["time_s"] > 0 and e["algbw_GBps"] > 0
+        assert e["busbw_GBps"] == pytest.approx(e["algbw_GBps"])
+        assert e["gloo_algbw_GBps"] is None and e["ratio"] is None and e["bound_GBps"] is None
+
+
+def test_loopback_anchor_is_positive() -> None:
+    assert loopback_capacity(2, 1 << 20, target_bytes=64e6, repeats=2) > 0

@@ -1,0 +1,136 @@
+"""Failure semantics with injected faults: every rank raises, in time, naming the culprit.
+
+Two nodes x two local ranks (global ranks 0,1 on node 0 and 2,3 on node 1), real worker
+processes, a short deadline.  Faults: a fingerprint mismatch between two local ranks, a
+sleeping rank, ``kill -9`` of a rank (the worker survives and serves a new communicator)
+and ``kill -9`` of a worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from hfr_cluster import Cluster
+
+from fireflyer.hfreduce.shm import list_segments
+
+TIMEOUT_S = 2.0
+SLACK_S = 2.0
+
+
+def _start(timeout_s: float = TIMEOUT_S) -> Cluster:
+    return Cluster(2, 2, chunk="1k", timeout_s=timeout_s).start()
+
+
+def _all_raised(res: dict[int, dict], ranks: list[int]) -> None:
+    assert sorted(res) == sorted(ranks), res
+    for r in ranks:
+        assert not res[r]["ok"], f"rank {r} did not raise: {res[r]}"
+        assert res[r]["hfreduce_error"], f"rank {r} raised {res[r]['kind']}: {res[r]['message']}"
+
+
+def test_worker_fingerprint_mismatch_raises_everywhere() -> None:
+    c = _start()
+    try:
+        run = c.ranks("mismatch", victim=3, timeout_s=30)
+        res = run.results()
+    finally:
+        codes = c.stop()
+    _all_raised(res, [0, 1, 2, 3])
+    for r in (2, 3):  # the victim's node: both fingerprints, both ranks named
+        assert res[r]["kind"] == "FingerprintMismatch", res[r]
+        msg = res[r]["message"]
+        assert "100 el" in msg and "101 el" in msg and "rank 3" in msg and "rank 2" in msg, msg
+    for r in (0, 1):  # the other node learns it through the engine, with the same text
+        msg = res[r]["message"]
+        assert "101 el" in msg and "node 1" in msg, msg
+        assert res[r]["op_elapsed"] < TIMEOUT_S + SLACK_S, res[r]
+    assert codes == [0, 0]
+    assert list_segments() == []
+
+
+def test_worker_sleeping_rank_named_within_deadline() -> None:
+    c = _start()
+    try:
+        run = c.ranks("sleep", victim=3, sleep_s=TIMEOUT_S + 3, timeout_s=30)
+        res = run.results()
+    finally:
+        c.stop()
+    _all_raised(res, [0, 1, 2, 3])
+    for r in (0, 1, 2):
+        assert res[r]["op_elapsed"] < TIMEOUT_S + SLACK_S, res[r]
+    # its node-mate is told exactly who did not arrive
+    assert res[2]["kind"] == "CollectiveTimeout", res[2]
+    assert "rank 3" in res[2]["message"] and "did not submit" in res[2]["message"], res[2]["message"]
+    # the other node gets node 1's reason through the engine's abort (the engine waits a little
+    # longer than the deadline so that the precise local reason wins the race)
+    for r in (0, 1):
+        assert "node 1" in res[r]["message"] and "rank 3" in res[r]["message"], res[r]["message"]
+    # the sleeper itself fails at once when it finally calls
+    assert res[3]["op_elapsed"] < 1.0, res[3]
+    assert list_segments() == []
+
+
+def test_worker_kill9_rank_then_new_communicator() -> None:
+    c = _start(timeout_s=10.0)
+    try:
+        run = c.ranks("victim", victim=1, wait=False)
+        run.wait_line("submitting", 4)
+        run.wait_line("rank 1 pid", 1)
+        os.kill(run.pids[1], signal.SIGKILL)
+        run.wait(30)
+        res = run.results()
+        _all_raised(res, [0, 2, 3])  # rank 1 is dead and writes nothing
+        for r in (0, 2, 3):  # well before the 10 s deadline: a death is noticed at once
+            assert res[r]["op_elapsed"] < 5.0, res[r]
+        assert res[0]["kind"] == "PeerLost" and "rank 1" in res[0]["message"], res[0]
+        assert all(w.poll() is None for w in c.workers), "a worker died with the rank"
+        again = c.ranks("ops", name="second", timeout_s=30)
+        ok = again.results()
+        assert all(ok[r]["ok"] for r in range(4)), ok
+    finally:
+        codes = c.stop()
+    assert codes == [0, 0]
+    assert list_segments() == []
+
+
+def test_worker_kill9_worker_every_rank_raises() -> None:
+    c = _start(timeout_s=10.0)
+    try:
+        run = c.ranks("victim", victim=3, wait=False)
+        run.wait_line("submitting", 4)
+        c.kill_worker(1)
+        run.wait_line("rank 3 pid", 1)
+        os.kill(run.pids[3], signal.SIGKILL)  # it sleeps in user code; only its worker's ranks matter
+        run.wait(30)
+        res = run.results()
+    finally:
+        c.stop()
+    _all_raised(res, [0, 1, 2])
+    assert res[2]["kind"] == "PeerLost" and "worker of node 1" in res[2]["message"], res[2]
+    for r in (0, 1):
+        assert "node 1" in res[r]["message"], res[r]["message"]
+        assert res[r]["op_elapsed"] < 10.0 + SLACK_S, res[r]
+    assert list_segments() == []
+
+
+def test_worker_hung_worker_ranks_raise_after_deadline_and_grace() -> None:
+    from fireflyer.hfreduce.client import GRACE_S
+
+    c = Cluster(1, 2, chunk="1k", timeout_s=1.0).start()
+    try:
+        run = c.ranks("pause", wait=False)
+        run.wait_line("submitting", 2)
+        c.workers[0].send_signal(signal.SIGSTOP)
+        (run.out / "go").touch()
+        run.wait(30)
+        res = run.results()
+        c.workers[0].send_signal(signal.SIGCONT)
+    finally:
+        c.stop()
+    _all_raised(res, [0, 1])
+    for r in (0, 1):
+        assert res[r]["kind"] == "CollectiveTimeout" and "worker of node 0" in res[r]["message"], res[r]
+        assert 1.0 <= res[r]["op_elapsed"] < 1.0 + GRACE_S + 1.0, res[r]
+    assert list_segments() == []

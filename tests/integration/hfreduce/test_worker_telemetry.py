@@ -1,0 +1,98 @@
+"""Worker telemetry: status() shows pending ops with their phase and missing ranks, finished
+ops with arrivals and timings; batches reach NATS on ff.coord.v1.comm.<id>.telemetry.
+
+The worker runs in this process (its own threads) and the ranks are threads too: the
+control socket and shared memory are the same as across processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from fireflyer.bus.connection import Bus
+from fireflyer.bus.subjects import subject
+from fireflyer.hfreduce import init
+from fireflyer.hfreduce.settings import WorkerSettings
+from fireflyer.hfreduce.shm import list_segments
+from fireflyer.hfreduce.telemetry import TelemetryBatch, comm_token
+from fireflyer.hfreduce.worker import Worker
+from fireflyer.testing.poll import wait_for, wait_until
+
+
+def _ranks(sock: str, job: str, k: int = 2) -> list:
+    out: list = [None] * k
+
+    def one(i: int) -> None:
+        out[i] = init(rank=i, world_size=k, local_rank=i, local_world_size=k, node_rank=0, nnodes=1, socket=sock,
+                      job_id=job, timeout_s=10)
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(k)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(20)
+    return out
+
+
+async def test_worker_status_and_nats_telemetry(nats_settings, bus: Bus) -> None:
+    sock = tempfile.mktemp(prefix="hfr", suffix=".sock", dir="/tmp")
+    w = Worker(node_rank=0, nnodes=1, local_world_size=2, socket_path=sock,
+               settings=WorkerSettings(nats_url=nats_settings.url, telemetry_interval_s=0.1, chunk_size="4k"))
+    got: list[TelemetryBatch] = []
+
+    async def on_batch(ev: TelemetryBatch, _msg: object) -> None:
+        got.append(ev)
+
+    await bus.subscribe(subject("coord", "comm", comm_token("tele/default"), "telemetry"), on_batch,
+                        types=TelemetryBatch)
+    w.start()
+    try:
+        c0, c1 = await asyncio.to_thread(_ranks, sock, "tele")
+        # rank 0 alone: the op waits for local rank 1, and status says so
+        x0 = np.ones(10000, np.float32)
+        work = c0.allreduce(x0, async_op=True)
+        st = await asyncio.to_thread(c0.status)
+        assert st.rank_pending == [0]
+        (p,) = st.pending
+        assert p.phase == "waiting_ranks" and p.missing == [1] and list(p.arrivals) == [0]
+        x1 = np.full(10000, 2, np.float32)
+        await asyncio.to_thread(c1.allreduce, x1)
+        assert await asyncio.to_thread(work.wait, 10) is x0 and np.all(x0 == 3)
+        for _ in range(3):
+            await asyncio.gather(asyncio.to_thread(c0.allreduce, x0), asyncio.to_thread(c1.allreduce, x1))
+        st = await asyncio.to_thread(c1.status)
+        assert [r.seq for r in st.recent] == [0, 1, 2, 3] and st.pending == []
+        r = st.recent[0]
+        assert r.phase == "done" and sorted(r.arrivals) == [0, 1] and r.nbytes == 40000
+        assert r.finished_at >= max(r.arrivals.values()) and r.local_reduce_s > 0
+        assert work.record is not None and work.record.seq == 0
+        await wait_for(lambda: sum(len(b.records) for b in got) >= 4, timeout_s=10, what="4 records on NATS")
+        assert got[0].comm == "tele/default" and got[0].node_rank == 0
+        assert [rec.seq for b in got for rec in b.records][:4] == [0, 1, 2, 3]
+        c0.close()
+        c1.close()
+        wait_until(lambda: not w.info()["comms"], timeout_s=5, what="communicator retired")
+    finally:
+        w.stop()
+    assert list_segments() == []
+
+
+
+def test_worker_stop_ends_its_accept_thread() -> None:
+    """stop() must wake the thread blocked in accept(): closing the socket alone does not."""
+    sock = tempfile.mktemp(prefix="hfr", suffix=".sock", dir="/tmp")
+    before = set(threading.enumerate())
+    w = Worker(node_rank=0, nnodes=1, local_world_size=1, socket_path=sock, settings=WorkerSettings())
+    w.start()
+    mine = [t for t in set(threading.enumerate()) - before if t.name == "hfr-accept"]
+    assert mine, "the worker did not start its accept thread"
+    w.stop()
+    for t in mine:
+        t.join(timeout=5.0)
+    assert not [t for t in mine if t.is_alive()]
+    assert not Path(sock).exists()

@@ -1,0 +1,24 @@
+"""``ff bench meta`` runs end to end and prints the figures it promises (tiny counts)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from fireflyer.testing.cluster import run_ff
+
+
+@pytest.mark.slow
+def test_bench_meta_prints_one_json_object() -> None:
+    res = run_ff(["bench", "meta", "--clients", "2", "--count", "20", "--ops", "create,stat,rename,readdir,unlink",
+                  "--json", "--client-procs", "1"], env={"FF_TEST_PG_DSN": ""}, timeout_s=120)
+    assert res.returncode == 0, res.stderr
+    doc = msgspec.json.decode(res.stdout)
+    sqlite = doc["backends"]["sqlite"]
+    ops = ["create", "stat", "rename", "readdir", "unlink"]
+    assert set(sqlite["ops_per_s"]) == set(ops) and all(v > 0 for v in sqlite["ops_per_s"].values())
+    assert set(doc["anchor"]["ops_per_s"]) == set(ops)
+    assert set(sqlite["ratio_to_local_fs"]) == set(ops)
+    assert sqlite["store_direct"]["ops_per_s"]["create"] > 0
+    assert doc["goal"]["target"] == 2000 and doc["goal"]["measured"] == sqlite["creates_stats_per_s"]
+    assert doc["cpu_count"] >= 1 and "git_sha" in doc and "postgres" not in doc["backends"]

@@ -1,0 +1,31 @@
+"""Fixtures for the storage service tests: a real mgmtd + 3 storage processes (stor_svc_harness)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from stor_svc_harness import StorageCluster
+
+from fireflyer.rpc import TokenEntry, generate_token, write_tokens_file
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path, nats_server) -> AsyncIterator[StorageCluster]:
+    admin, user = generate_token(), generate_token()
+    tokens = write_tokens_file(tmp_path / "tokens.json", [
+        TokenEntry(token=admin, user="root-admin", roles=["admin"]),
+        TokenEntry(token=user, user="alice", roles=["user"]),
+    ])
+    c = StorageCluster(tmp_path, nats_server.url, tokens, admin, user)
+    try:
+        await c.start()
+        yield c
+    except BaseException:
+        for p in [c.mgmtd, *c.storage]:
+            if p is not None:
+                print(f"---- {p.instance} log ----\n{p.log()[-6000:]}")
+        raise
+    finally:
+        await c.close()

@@ -1,0 +1,208 @@
+"""NodeEngine: results against numpy, bit-identity, on_final, telemetry (engines in threads)."""
+
+from __future__ import annotations
+
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+from engine_util import allreduce_all, close_all, make_engines
+
+from fireflyer.core.errors import InvalidArgument
+from fireflyer.hfreduce.engine import NodeEngine
+from fireflyer.hfreduce.types import Fingerprint, OpStats
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+COUNTS = (0, 1, 2, 7, 3 * 1024 + 5, 5000)  # 4 KiB chunks: 5000 float32 is 2.4 chunks per tree
+
+
+def inputs(n: int, count: int, dtype: np.dtype, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if dtype == np.float32:
+        return [rng.standard_normal(count).astype(np.float32) for _ in range(n)]
+    # small integers: every partial sum is exact in bfloat16 and int64, so results are exact
+    return [rng.integers(-8, 9, count).astype(dtype) for _ in range(n)]
+
+
+def reference(arrs: list[np.ndarray], op: str) -> np.ndarray:
+    wide = np.stack([a.astype(np.float64 if a.dtype != np.int64 else np.int64) for a in arrs])
+    if op == "max":
+        return wide.max(axis=0)
+    if op == "min":
+        return wide.min(axis=0)
+    s = wide.sum(axis=0)
+    if op == "avg":
+        return s // len(arrs) if arrs[0].dtype == np.int64 else s / len(arrs)
+    return s
+
+
+def check(results: list[object], got: list[np.ndarray], ref: np.ndarray, op: str) -> None:
+    errs = [r for r in results if isinstance(r, BaseException)]
+    assert not errs, errs
+    assert all(isinstance(r, OpStats) for r in results)
+    first = got[0].tobytes()
+    assert all(g.tobytes() == first for g in got), "nodes disagree bitwise"
+    g = got[0]
+    if g.dtype == np.float32 and op in ("sum", "avg"):
+        np.testing.assert_allclose(g.astype(np.float64), ref, rtol=1e-5, atol=1e-5)
+    elif g.dtype == BF16 and op == "avg":
+        np.testing.assert_array_equal(g, ref.astype(np.float32).astype(BF16))
+    else:
+        np.testing.assert_array_equal(g.astype(ref.dtype), ref)
+
+
+@pytest.mark.parametrize("n,zones", [(1, None), (2, None), (3, None), (4, None), (5, None),
+                                     (4, ["a", "a", "b", "b"]), (5, ["z1", "z2", "z1", "z2", "z1"])])
+def test_allreduce_matches_numpy(n: int, zones: list[str] | None) -> None:
+    engines = make_engines(n, zones=zones)
+    try:
+        seq = 0
+        for dtype in (np.dtype(np.float32), BF16, np.dtype(np.int64)):
+            for op in ("sum", "avg", "max", "min"):
+                for count in COUNTS:
+                    arrs = inputs(n, count, dtype, seed=seq)
+                    ref = reference(arrs, op)
+                    again = [a.copy() for a in arrs]
+                    res = allreduce_all(engines, arrs, op, seq=seq)
+                    check(res, arrs, ref, op)
+                    seq += 1
+                    allreduce_all(engines, again, op, seq=seq)  # a second run gives the same bits
+                    seq += 1
+                    assert again[0].tobytes() == arrs[0].tobytes()
+    finally:
+        close_all(engines)
+
+
+def test_large_buffer_many_chunks_and_on_final() -> None:
+    n, count = 3, (8 << 20) // 4
+    engines = make_engines(n, chunk_bytes=256 << 10)
+    try:
+        arrs = inputs(n, count, np.dtype(np.float32), seed=1)
+        ref = reference(arrs, "sum")
+        seen: list[list[tuple[int, int, bytes]]] = [[] for _ in range(n)]
+        lock = threading.Lock()
+
+        def on_final(i: int, a: int, b: int) -> None:
+            with lock:  # the range must already hold its final value when reported
+                seen[i].append((a, b, arrs[i][a:b].tobytes()))
+
+        res = [None] * n
+        from engine_util import run_all
+        fns = [lambda i=i: engines[i].allreduce(arrs[i], "sum", Fingerprint("c", 0, "sum", "float32", count),
+                                                on_final=lambda a, b, i=i: on_final(i, a, b))
+               for i in range(n)]
+        res = run_all(fns, 60)
+        check(res, arrs, ref, "sum")
+        for i in range(n):
+            ranges = sorted((a, b) for a, b, _ in seen[i])
+            assert ranges[0][0] == 0 and ranges[-1][1] == count
+            assert all(x[1] == y[0] for x, y in zip(ranges, ranges[1:], strict=False)), "gaps or overlaps"
+            for a, b, data in seen[i]:
+                assert data == arrs[i][a:b].tobytes()
+        st = res[0]
+        assert isinstance(st, OpStats) and st.nbytes == count * 4 and len(st.trees) == 2
+        assert sum(p.bytes_sent for p in st.peers.values()) > 0
+        assert all(p.transfer_s >= 0 for p in st.peers.values())
+        assert st.finished_at >= st.started_at
+    finally:
+        close_all(engines)
+
+
+def test_avg_divisor_and_bf16_large() -> None:
+    engines = make_engines(2)
+    try:
+        arrs = [np.full(3000, 3, dtype=np.int64), np.full(3000, 5, dtype=np.int64)]
+        res = allreduce_all(engines, arrs, "avg", avg_divisor=4)
+        assert not any(isinstance(r, BaseException) for r in res)
+        assert (arrs[0] == 2).all() and (arrs[1] == 2).all()
+    finally:
+        close_all(engines)
+
+
+def test_argument_checks_and_single_node() -> None:
+    (eng,) = make_engines(1)
+    try:
+        x = np.arange(5, dtype=np.float32)
+        with pytest.raises(InvalidArgument):
+            eng.allreduce(x, "sum", Fingerprint("c", 0, "sum", "float32", 6))
+        with pytest.raises(InvalidArgument):
+            eng.allreduce(x, "sum", Fingerprint("c", 0, "max", "float32", 5))
+        with pytest.raises(InvalidArgument):
+            eng.allreduce(x[::2], "sum", Fingerprint("c", 0, "sum", "float32", 3))
+        got: list[tuple[int, int]] = []
+        eng.allreduce(x, "avg", Fingerprint("c", 0, "avg", "float32", 5), on_final=lambda a, b: got.append((a, b)),
+                      avg_divisor=2)
+        assert got == [(0, 5)] and x.tolist() == [0, 0.5, 1, 1.5, 2]
+    finally:
+        eng.close()
+    with pytest.raises(InvalidArgument):
+        NodeEngine(node_rank=2, addresses=["127.0.0.1:1", "127.0.0.1:2"])
+
+
+def test_close_joins_every_thread() -> None:
+    # only this test's threads: an in-process worker of another test may still own "hfr-" threads
+    before = set(threading.enumerate())
+    engines = make_engines(4)
+    arrs = [np.ones(100, dtype=np.float32) for _ in range(4)]
+    allreduce_all(engines, arrs, "sum")
+    close_all(engines)
+    close_all(engines)  # idempotent
+    left = [t.name for t in set(threading.enumerate()) - before if t.name.startswith("hfr-")]
+    assert not left, left
+
+
+@pytest.mark.parametrize("n,count", [(1, 5000), (2, 7), (3, 5000), (4, (1 << 20) // 4 + 3)])
+def test_fill_pipelines_the_local_partial_bit_identically(n: int, count: int) -> None:
+    """``fill`` gets every range exactly once, before the engine reads it; the result equals a pre-filled buffer."""
+    engines = make_engines(n, chunk_bytes=16 << 10)
+    try:
+        # each node's partial is the sum of two "local ranks", produced only when the engine asks
+        locs = [inputs(2, count, np.dtype(np.float32), seed=10 + i) for i in range(n)]
+        pre = [a + b for a, b in locs]
+        ref_res = allreduce_all(engines, pre, "sum", seq=0)
+        want = pre[0].copy()
+        asked: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        lock = threading.Lock()
+
+        def fill(i: int, work: np.ndarray, a: int, b: int) -> None:
+            with lock:
+                asked[i].append((a, b))
+            np.add(locs[i][0][a:b], locs[i][1][a:b], out=work[a:b])
+
+        works = [np.full(count, np.nan, dtype=np.float32) for _ in range(n)]
+        from engine_util import run_all
+        fns = [lambda i=i: engines[i].allreduce(
+            works[i], "sum", Fingerprint("c", 1, "sum", "float32", count),
+            fill=lambda a, b, i=i: fill(i, works[i], a, b)) for i in range(n)]
+        res = run_all(fns, 60)
+        assert not [r for r in ref_res + res if isinstance(r, BaseException)], (ref_res, res)
+        for i in range(n):
+            assert works[i].tobytes() == want.tobytes(), f"node {i} differs from the pre-filled run"
+            ranges = sorted(asked[i])
+            assert ranges[0][0] == 0 and ranges[-1][1] == count, ranges
+            assert all(x[1] == y[0] for x, y in zip(ranges, ranges[1:], strict=False)), "gaps or overlaps"
+    finally:
+        close_all(engines)
+
+
+def test_fill_that_raises_fails_the_op_on_every_node() -> None:
+    n, count = 3, 20000
+    engines = make_engines(n, chunk_bytes=16 << 10, timeout_s=5.0)
+    try:
+        def fill(i: int, work: np.ndarray, a: int, b: int) -> None:
+            if i == 2 and a > 0:
+                raise RuntimeError("rank buffer vanished")
+            work[a:b] = 1.0
+
+        works = [np.zeros(count, dtype=np.float32) for _ in range(n)]
+        from engine_util import run_all
+        fns = [lambda i=i: engines[i].allreduce(
+            works[i], "sum", Fingerprint("c", 0, "sum", "float32", count),
+            fill=lambda a, b, i=i: fill(i, works[i], a, b)) for i in range(n)]
+        res = run_all(fns, 15)
+        assert all(isinstance(r, BaseException) for r in res), res
+        assert "fill(" in str(res[2]) and "rank buffer vanished" in str(res[2])
+        assert all("node 2" in str(r) for r in res[:2]), res
+    finally:
+        close_all(engines)

@@ -1,0 +1,133 @@
+"""NodeEngine failures: mismatched fingerprints, a sleeping node, missing peers, bad tokens, abort."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from engine_util import allreduce_all, close_all, make_engines, run_all
+
+from fireflyer.core.errors import Unauthenticated
+from fireflyer.hfreduce.errors import (
+    CollectiveAborted,
+    CollectiveTimeout,
+    FingerprintMismatch,
+    HFReduceError,
+    PeerLost,
+)
+from fireflyer.hfreduce.types import Fingerprint
+
+
+@pytest.mark.parametrize("count", [1000, 20000])  # one chunk per tree (inline path), many chunks
+@pytest.mark.parametrize("what", ["count", "dtype", "seq", "op"])
+def test_fingerprint_mismatch_fails_every_node(what: str, count: int) -> None:
+    n, bad = 4, 2
+    engines = make_engines(n)
+    try:
+        arrs: list[np.ndarray] = [np.ones(count, dtype=np.float32) for _ in range(n)]
+        fps = [Fingerprint("c", 7, "sum", "float32", count) for _ in range(n)]
+        if what == "count":
+            arrs[bad] = np.ones(count - 1, dtype=np.float32)
+            fps[bad] = Fingerprint("c", 7, "sum", "float32", count - 1)
+        elif what == "dtype":
+            arrs[bad] = np.ones(count, dtype=np.int32)
+            fps[bad] = Fingerprint("c", 7, "sum", "int32", count)
+        elif what == "seq":
+            fps[bad] = Fingerprint("c", 8, "sum", "float32", count)
+        else:
+            fps[bad] = Fingerprint("c", 7, "max", "float32", count)
+        ops = [fp.op for fp in fps]
+        t0 = time.monotonic()
+        res = run_all([lambda i=i: engines[i].allreduce(arrs[i], ops[i], fps[i]) for i in range(n)], 20)
+        assert time.monotonic() - t0 < 5
+        # every node fails with a mismatch naming the node whose fingerprint differs from its own
+        assert all(isinstance(r, FingerprintMismatch) for r in res), res
+        for i in range(n):
+            if i != bad:
+                assert res[i].peer == bad, res[i]
+                assert res[i].ours == str(fps[i]) and res[i].theirs == str(fps[bad])
+                assert f"node {bad}" in str(res[i])
+        assert res[bad].peer != bad and res[bad].ours == str(fps[bad])
+        # the engine is dead afterwards, with the same error
+        with pytest.raises(HFReduceError):
+            engines[0].allreduce(arrs[0], "sum", Fingerprint("c", 9, "sum", "float32", count))
+    finally:
+        close_all(engines)
+
+
+@pytest.mark.parametrize("n,sleeper,count", [(4, 3, 20000), (5, 0, 20000), (5, 2, 20000), (5, 2, 10)])
+def test_sleeping_node_is_named_within_deadline(n: int, sleeper: int, count: int) -> None:
+    engines = make_engines(n, timeout_s=10)
+    try:
+        arrs = [None if i == sleeper else np.ones(count, dtype=np.float32) for i in range(n)]
+        deadline = 1.0
+        t0 = time.monotonic()
+        res = allreduce_all(engines, arrs, "sum", deadline_s=deadline, join_s=deadline + 5)
+        took = time.monotonic() - t0
+        assert took < deadline + 2, took
+        for i, r in enumerate(res):
+            if i == sleeper:
+                continue
+            assert isinstance(r, CollectiveTimeout | CollectiveAborted), (i, r)
+            if isinstance(r, CollectiveTimeout):
+                assert r.peer == sleeper, r
+                assert f"node {sleeper}" in str(r)
+            else:
+                assert r.culprit == sleeper, r
+        assert any(isinstance(r, CollectiveTimeout) for r in res)
+        # the sleeper wakes up: it fails too instead of hanging
+        x = np.ones(20000, dtype=np.float32)
+        with pytest.raises(HFReduceError):
+            engines[sleeper].allreduce(x, "sum", Fingerprint("c", 0, "sum", "float32", x.size), deadline_s=2)
+    finally:
+        close_all(engines)
+
+
+def test_start_names_the_missing_peer() -> None:
+    n, missing = 3, 1
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveTimeout) as ei:
+        make_engines(n, timeout_s=1.0, skip=[missing])
+    assert time.monotonic() - t0 < 4
+    assert ei.value.phase == "connect" and ei.value.peer == missing
+    assert str(missing) in ei.value.missing.split(",")
+
+
+def test_start_with_a_wrong_token_fails() -> None:
+    engines = make_engines(2, timeout_s=1.5, start=False, tokens=["right", "wrong"])
+    try:
+        res = run_all([e.start for e in engines], 10)
+        assert all(isinstance(r, CollectiveTimeout | Unauthenticated) for r in res), res
+        assert any(isinstance(r, Unauthenticated) for r in res)
+    finally:
+        close_all(engines)
+
+
+def test_abort_propagates_to_idle_and_busy_nodes() -> None:
+    engines = make_engines(5)
+    try:
+        engines[4].abort("operator asked")
+        x = np.ones(10, dtype=np.float32)
+        for e in engines[:4]:
+            with pytest.raises(CollectiveAborted) as ei:
+                t0 = time.monotonic()
+                while True:  # the abort floods asynchronously; it arrives within moments
+                    e.allreduce(x, "sum", Fingerprint("c", 0, "sum", "float32", 10), deadline_s=0.5)
+                    assert time.monotonic() - t0 < 3
+            assert ei.value.origin == 4 and "operator asked" in ei.value.reason
+    finally:
+        close_all(engines)
+
+
+def test_closed_peer_makes_idle_engine_fail_cleanly() -> None:
+    engines = make_engines(3)
+    try:
+        engines[1].close()
+        x = np.ones(10, dtype=np.float32)
+        with pytest.raises((CollectiveAborted, PeerLost)):
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 3:
+                engines[0].allreduce(x, "sum", Fingerprint("c", 0, "sum", "float32", 10), deadline_s=0.5)
+    finally:
+        close_all(engines)

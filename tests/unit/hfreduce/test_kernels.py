@@ -1,0 +1,324 @@
+"""fireflyer.hfreduce.kernels against a numpy / ml_dtypes reference, bit for bit.
+
+The reference accumulates in float32 in input order (``acc = x0.astype(f32);
+acc = acc + x1.astype(f32); ...``), divides by k for avg, and rounds once with
+``astype`` (numpy for float16, ml_dtypes for bfloat16 / float8).  max / min use
+``np.where((acc > x) | isnan(acc), acc, x)``, which is ``np.maximum`` as this
+numpy computes it (NaN propagates, ties keep the later operand) written out so
+the test does not depend on how a given numpy build orders ±0.
+
+NaN lanes: where the reference is NaN the kernel must be NaN too, but the
+payload and sign are not compared for reductions with arithmetic: when both
+operands of an add are NaN, x86 returns the first one's payload and LLVM may
+commute an fadd, so which NaN survives is unspecified.  Conversions with no
+arithmetic (``cast_into``, decode) are compared bit for bit, NaNs included.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fireflyer.core.errors import InvalidArgument
+from fireflyer.hfreduce import bench_kernels, kernels
+from fireflyer.hfreduce.kernels import (
+    OPS,
+    SUPPORTED_DTYPES,
+    cast_into,
+    dtype_from_name,
+    reduce_into,
+    reduce_range,
+)
+
+F32 = np.float32
+FLOATS = [dt for dt in SUPPORTED_DTYPES if dt.kind != "i"]
+LOWP = [dt for dt in FLOATS if dt != np.float32]
+UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+N = kernels.BLOCK + 37  # crosses a block boundary and leaves a ragged tail
+
+
+def _is_int(dt: np.dtype) -> bool:
+    return np.dtype(dt).kind == "i"
+
+
+def reference(inputs: list[np.ndarray], op: str, out_dtype: np.dtype) -> np.ndarray:
+    if _is_int(inputs[0].dtype):
+        acc = inputs[0].copy()
+        for x in inputs[1:]:
+            acc = _step(acc, x, op)
+        return acc // len(inputs) if op == "avg" else acc
+    with np.errstate(all="ignore"):
+        acc = inputs[0].astype(F32)
+        for x in inputs[1:]:
+            acc = _step(acc, x.astype(F32), op)
+        if op == "avg":
+            acc = acc / F32(len(inputs))
+        return acc.astype(out_dtype)
+
+
+def _step(acc: np.ndarray, x: np.ndarray, op: str) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        if op in ("sum", "avg"):
+            return acc + x
+    nan = np.isnan(acc) if acc.dtype.kind == "f" else np.zeros(acc.shape, bool)
+    keep = (acc > x) if op == "max" else (acc < x)
+    return np.where(keep | nan, acc, x)
+
+
+def assert_same(out: np.ndarray, ref: np.ndarray, *, nan_bits: bool = False) -> None:
+    assert out.dtype == ref.dtype
+    u = UINT[out.dtype.itemsize]
+    ob, rb = out.view(u), ref.view(u)
+    if out.dtype.kind != "i" and not nan_bits:
+        rnan = np.isnan(ref.astype(F32))
+        onan = np.isnan(out.astype(F32))
+        bad = np.flatnonzero(rnan != onan)
+        assert bad.size == 0, f"NaN-ness differs at {bad[:5]}: out={out[bad[:5]]} ref={ref[bad[:5]]}"
+        ob, rb = ob[~rnan], rb[~rnan]
+    bad = np.flatnonzero(ob != rb)
+    assert bad.size == 0, f"{bad.size} lanes differ, first {bad[:5]}: out={ob[bad[:5]]} ref={rb[bad[:5]]}"
+
+
+def random_inputs(dt: np.dtype, k: int, n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if _is_int(dt):
+        info = np.iinfo(dt)
+        return [rng.integers(info.min, info.max, n, dtype=dt, endpoint=True) for _ in range(k)]
+    if dt.itemsize < 4:
+        # random bit patterns: every code of the format, NaN/Inf/subnormals included
+        return [rng.integers(0, 1 << (8 * dt.itemsize), n).astype(UINT[dt.itemsize]).view(dt) for _ in range(k)]
+    # float32: mostly ordinary values (so sums mean something) plus random bit patterns
+    xs = []
+    for _ in range(k):
+        x = (rng.standard_normal(n) * 10.0 ** rng.integers(-40, 38, n)).astype(F32)
+        pick = rng.random(n) < 0.05
+        x[pick] = rng.integers(0, 1 << 32, int(pick.sum()), dtype=np.uint64).astype(np.uint32).view(F32)
+        xs.append(x)
+    return xs
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 8, 16])
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dt", SUPPORTED_DTYPES, ids=str)
+def test_random_bit_exact(dt: np.dtype, op: str, k: int) -> None:
+    xs = random_inputs(dt, k, N, seed=k * 31 + OPS.index(op))
+    out = np.empty(N, dt)
+    assert reduce_into(out, xs, op) is out
+    assert_same(out, reference(xs, op, dt))
+
+
+@pytest.mark.parametrize("dt", LOWP, ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_low_precision_into_float32_partials(dt: np.dtype, op: str) -> None:
+    xs = random_inputs(dt, 5, N, seed=7)
+    out = np.empty(N, F32)
+    reduce_into(out, xs, op)
+    assert_same(out, reference(xs, op, np.dtype(F32)))
+
+
+@pytest.mark.parametrize("dt", LOWP, ids=str)
+def test_float32_partials_into_low_precision(dt: np.dtype) -> None:
+    xs = random_inputs(np.dtype(F32), 3, N, seed=11)
+    out = np.empty(N, dt)
+    reduce_into(out, xs, "sum")
+    assert_same(out, reference(xs, "sum", dt))
+
+
+@pytest.mark.parametrize("dt", FLOATS, ids=str)
+def test_cast_from_float32_rne_bits_exact_with_nan_payloads(dt: np.dtype) -> None:
+    rng = np.random.default_rng(3)
+    src = rng.integers(0, 1 << 32, 300_000, dtype=np.uint64).astype(np.uint32).view(F32)
+    # plus every float32 whose top 16 bits are arbitrary and low bits at the rounding edges
+    hi = np.arange(1 << 16, dtype=np.uint32) << 16
+    edges = np.concatenate([hi | low for low in (0, 0x7FFF, 0x8000, 0x8001, 0x0FFF, 0x1000, 0x1001,
+                                                 0x0800, 0xFFFF)]).view(F32)
+    for s in (src, edges):
+        out = np.empty(s.size, dt)
+        cast_into(out, s)
+        with np.errstate(all="ignore"):
+            ref = s.astype(dt)
+        assert_same(out, ref, nan_bits=True)
+
+
+@pytest.mark.parametrize("dt", LOWP, ids=str)
+def test_decode_every_code_exactly(dt: np.dtype) -> None:
+    u = UINT[dt.itemsize]
+    codes = np.arange(1 << (8 * dt.itemsize), dtype=np.uint64).astype(u).view(dt)
+    out = np.empty(codes.size, F32)
+    cast_into(out, codes)
+    assert_same(out, codes.astype(F32), nan_bits=True)
+    back = np.empty(codes.size, dt)  # round trip through the kernel: lowp -> lowp
+    cast_into(back, codes)
+    with np.errstate(all="ignore"):
+        ref = codes.astype(F32).astype(dt)
+    assert_same(back, ref, nan_bits=True)
+
+
+@pytest.mark.parametrize("dt", FLOATS, ids=str)
+def test_special_values(dt: np.dtype) -> None:
+    fi = ml_dtypes.finfo(dt)
+    big, tiny, sub = F32(fi.max), F32(fi.smallest_normal), F32(fi.smallest_subnormal)
+    a = np.array([np.nan, -np.nan, np.inf, -np.inf, np.inf, 0.0, -0.0, -0.0, big, -big, big,
+                  sub, -sub, tiny, sub, 1.0, -1.0, sub * 3, tiny - sub, 0.0], F32)
+    b = np.array([1.0, 2.0, 1.0, 1.0, -np.inf, -0.0, 0.0, -0.0, big, -big, -big,
+                  sub, sub, -tiny, -sub, -1.0, np.nan, sub, sub, -np.inf], F32)
+    with np.errstate(all="ignore"):
+        xs = [a.astype(dt), b.astype(dt)]
+    for op in OPS:
+        out = np.empty(a.size, dt)
+        reduce_into(out, xs, op)
+        assert_same(out, reference(xs, op, dt))
+    out = np.empty(a.size, dt)
+    reduce_into(out, xs, "sum")
+    r = out.astype(F32)
+    assert np.isnan(r[0]) and np.isnan(r[4]) and np.isnan(r[16])  # NaN stays NaN; inf - inf is NaN
+    if dt == ml_dtypes.float8_e4m3fn:
+        assert np.isnan(r[2]) and np.isnan(r[3])  # Inf inputs are already NaN in e4m3fn
+    else:
+        assert r[2] == np.inf and r[3] == -np.inf
+    assert str(r[5]) == "0.0" and str(r[7]) == "-0.0"  # -0 + 0 = +0, -0 + -0 = -0
+    if dt == ml_dtypes.float8_e4m3fn:
+        assert np.isnan(r[8]) and np.isnan(r[9])  # no Inf in e4m3fn: overflow is NaN
+    else:
+        assert r[8] == np.inf and r[9] == -np.inf  # overflow saturates to Inf
+
+
+@pytest.mark.parametrize("dt", [np.int32, np.int64])
+def test_integer_wraps_and_avg_floors(dt: type) -> None:
+    info = np.iinfo(dt)
+    xs = [np.array([info.max, info.min, -7, 7, -8, 5], dt), np.array([1, -1, 0, 0, 0, 0], dt),
+          np.array([0, 0, 0, 0, 0, 1], dt)]
+    out = np.empty(6, dt)
+    reduce_into(out, xs, "sum")
+    assert out.tolist() == [info.min, info.max, -7, 7, -8, 6]
+    reduce_into(out, xs, "avg")
+    assert out.tolist() == [info.min // 3, info.max // 3, -3, 2, -3, 2]  # floor, like np.floor_divide
+    assert_same(out, reference(xs, "avg", np.dtype(dt)))
+
+
+@pytest.mark.parametrize("dt", [np.float32, ml_dtypes.bfloat16, np.int64], ids=str)
+def test_deterministic_across_thread_counts_and_runs(dt: type) -> None:
+    n = 1_500_003
+    xs = random_inputs(np.dtype(dt), 3, n, seed=5)
+    outs = []
+    for threads in (1, 2, 3, 1):
+        out = np.empty(n, dt)
+        reduce_into(out, xs, "sum", threads=threads)
+        outs.append(out.view(UINT[out.dtype.itemsize]))
+    for o in outs[1:]:
+        assert np.array_equal(o, outs[0])
+    assert_same(outs[0].view(dt), reference(xs, "sum", np.dtype(dt)))
+
+
+def test_concurrent_callers_from_python_threads() -> None:
+    n = 600_000
+    xs = random_inputs(np.dtype(F32), 4, n, seed=9)
+    ref = reference(xs, "sum", np.dtype(F32))
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(5):
+                out = np.empty(n, F32)
+                reduce_into(out, xs, "sum", threads=2)
+                assert_same(out, ref)
+                out2 = np.empty(n, F32)
+                reduce_range(out2, xs, "sum", 0, n)
+                assert_same(out2, ref)
+        except BaseException as exc:  # noqa: BLE001 - collected and re-raised below
+            errors.append(exc)
+
+    ts = [threading.Thread(target=work) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors[0]
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16, ml_dtypes.float8_e5m2, np.int32], ids=str)
+@pytest.mark.parametrize("pos", [0, 2])
+def test_out_may_alias_an_input(dt: type, pos: int) -> None:
+    xs = random_inputs(np.dtype(dt), 5, N, seed=13)
+    ref = reference(xs, "sum", np.dtype(dt))
+    reduce_into(xs[pos], xs, "sum")
+    assert_same(xs[pos], ref)
+
+
+def test_reduce_range_touches_only_its_range() -> None:
+    xs = random_inputs(np.dtype(F32), 3, N, seed=17)
+    out = np.full(N, 7.0, F32)
+    reduce_range(out, xs, "max", 100, N - 5)
+    ref = reference(xs, "max", np.dtype(F32))
+    assert_same(out[100:N - 5], ref[100:N - 5])
+    assert (out[:100] == 7.0).all() and (out[N - 5:] == 7.0).all()
+    with pytest.raises(InvalidArgument) as ei:
+        reduce_range(out, xs, "sum", 5, N + 1)
+    assert ei.value.argument == "start"
+
+
+def test_dtype_names() -> None:
+    assert dtype_from_name("fp32") == np.float32 == dtype_from_name("float32")
+    assert dtype_from_name("bf16") == ml_dtypes.bfloat16 == dtype_from_name("bfloat16")
+    assert dtype_from_name("fp8_e4m3") == ml_dtypes.float8_e4m3fn
+    assert dtype_from_name("fp8_e5m2") == ml_dtypes.float8_e5m2 == dtype_from_name(ml_dtypes.float8_e5m2)
+    assert dtype_from_name("FP16") == np.float16
+    for bad in ("fp64", np.float64):
+        with pytest.raises(InvalidArgument):
+            dtype_from_name(bad)
+
+
+def _bad_cases() -> list[tuple[str, object, object, object, str]]:
+    a = np.zeros(10, F32)
+    b = np.zeros(10, F32)
+    return [
+        ("length", a, [b, np.zeros(9, F32)], "sum", "inputs[1]"),
+        ("dtype", a, [b, np.zeros(10, np.float16)], "sum", "inputs[1]"),
+        ("k0", a, [], "sum", "inputs"),
+        ("k17", a, [b] * 17, "sum", "inputs"),
+        ("op", a, [b], "prod", "op"),
+        ("noncontig-in", a, [b, np.zeros(20, F32)[::2]], "sum", "inputs[1]"),
+        ("noncontig-out", np.zeros(20, F32)[::2], [b], "sum", "out"),
+        ("2d", np.zeros((2, 5), F32), [b], "sum", "out"),
+        ("readonly", np.frombuffer(bytes(40), F32), [b], "sum", "out"),
+        ("not-array", [0.0] * 10, [b], "sum", "out"),
+        ("unsupported", np.zeros(10, np.float64), [np.zeros(10, np.float64)], "sum", "out"),
+        ("int-out-float-in", np.zeros(10, np.int32), [b], "sum", "out"),
+        ("overlap", a[1:], [a[:-1]], "sum", "out"),
+        ("inputs-array", a, np.zeros((2, 10), F32), "sum", "inputs"),
+    ]
+
+
+@pytest.mark.parametrize("case", _bad_cases(), ids=lambda c: c[0])
+def test_bad_input_names_the_argument(case: tuple[str, object, object, object, str]) -> None:
+    _, out, inputs, op, argument = case
+    with pytest.raises(InvalidArgument) as ei:
+        reduce_into(out, inputs, op)  # type: ignore[arg-type]
+    assert ei.value.argument == argument, ei.value
+
+
+def test_bad_threads_and_cast_of_ints() -> None:
+    a = np.zeros(4, F32)
+    with pytest.raises(InvalidArgument) as ei:
+        reduce_into(a, [a], threads=0)
+    assert ei.value.argument == "threads"
+    with pytest.raises(InvalidArgument) as ei:
+        cast_into(np.zeros(4, np.int32), a)
+    assert ei.value.argument == "out"
+
+
+def test_bench_reports_anchors_ratios_and_goals(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_kernels.parse_size("64M") == 64 << 20
+    assert bench_kernels.parse_size("512k") == 512 << 10
+    rc = bench_kernels.main(["--size", "256K", "--dtypes", "fp32,bf16", "--k", "2,8", "--repeats", "1", "--json"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {"stream", "results", "goals", "git_sha", "cpu_count", "numba"} <= report.keys()
+    assert report["stream"]["add_gbs"] > 0 and report["stream"]["copy_threaded_gbs"] > 0
+    assert [(r["dtype"], r["k"]) for r in report["results"]] == [("fp32", 2), ("fp32", 8), ("bf16", 2), ("bf16", 8)]
+    assert all(r["bit_exact"] and r["gbs"] > 0 and r["vs_numpy"] > 0 for r in report["results"])
+    assert {g["goal"] for g in report["goals"]} >= {"fp32 k=8 vs numpy", "fp32 k=8 vs STREAM add", "bf16 k=8 vs numpy"}

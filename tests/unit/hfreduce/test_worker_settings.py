@@ -1,0 +1,35 @@
+"""Worker settings: FF_HFREDUCE_* environment, job-wide fallbacks, flags win, bad values named."""
+
+from __future__ import annotations
+
+import pytest
+
+from fireflyer.core.errors import SettingsError
+from fireflyer.hfreduce.settings import load_worker_settings, parse_size
+
+
+def test_worker_parse_size() -> None:
+    assert parse_size("4M") == 4 << 20
+    assert parse_size("512k") == 512 << 10
+    assert parse_size("1MiB") == 1 << 20
+    assert parse_size("4096") == 4096
+    with pytest.raises(SettingsError):
+        parse_size("four")
+
+
+def test_worker_settings_precedence() -> None:
+    s = load_worker_settings(env={})
+    assert s.chunk_bytes == 4 << 20 and s.timeout_s == 60.0 and s.nats_url == ""
+    env = {"FF_HFREDUCE_CHUNK_SIZE": "1M", "FF_HFREDUCE_TIMEOUT_S": "5", "FF_NATS_URL": "nats://x:1",
+           "FF_JOB_ID": "j7"}
+    s = load_worker_settings(env=env)
+    assert (s.chunk_bytes, s.timeout_s, s.nats_url, s.job_id) == (1 << 20, 5.0, "nats://x:1", "j7")
+    s = load_worker_settings(env=env, overrides={"chunk_size": "64k", "timeout_s": None})
+    assert s.chunk_bytes == 64 << 10 and s.timeout_s == 5.0
+
+
+def test_worker_settings_bad_values_name_the_key() -> None:
+    with pytest.raises(SettingsError, match="timeout_s"):
+        load_worker_settings(env={"FF_HFREDUCE_TIMEOUT_S": "soon"})
+    with pytest.raises(SettingsError, match="chunk_size"):
+        load_worker_settings(env={"FF_HFREDUCE_CHUNK_SIZE": "8"})

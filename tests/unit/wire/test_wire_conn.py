@@ -1,0 +1,101 @@
+"""FramedSocket alone: framing across arbitrary read boundaries, partial sends, timeouts."""
+
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from fireflyer.core.errors import DeadlineExceeded, InvalidArgument, ProtocolError
+from fireflyer.wire.conn import FramedSocket, Idle, PeerClosed, as_bytes_view, set_io_timeout
+from fireflyer.wire.frame import FrameLimits, Request, encode_head
+
+
+@pytest.fixture
+def pair():
+    a, b = socket.socketpair()
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_frames_split_at_any_byte_boundary(pair):
+    a, b = pair
+    fs = FramedSocket(b, peer="p", limits=FrameLimits(), io_timeout_s=5)
+    frames = b"".join(
+        bytes(encode_head(Request(rid=i, op="op", meta={"k": "v" * (i * 37 % 3000)}), 3)) + b"abc"
+        for i in range(1000)
+    )
+
+    def send() -> None:
+        for off in range(0, len(frames), 777):  # pieces that cut prefixes and headers
+            a.sendall(frames[off:off + 777])
+
+    t = threading.Thread(target=send)
+    t.start()
+    for i in range(1000):
+        header, n = fs.read_header()
+        buf = bytearray(n)
+        fs.recv_into(memoryview(buf))
+        assert header.rid == i and header.meta["k"] == "v" * (i * 37 % 3000) and buf == b"abc"
+    t.join(10)
+
+
+class _TrickleSocket:
+    """Accepts at most 7 bytes per sendmsg, as a kernel under pressure may."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+
+    def sendmsg(self, buffers) -> int:
+        data = b"".join(bytes(b) for b in buffers)[:7]
+        self.out += data
+        return len(data)
+
+
+def test_partial_sends_resume_where_they_stopped():
+    sock = _TrickleSocket()
+    fs = FramedSocket(sock, peer="p", limits=FrameLimits(), io_timeout_s=None)  # type: ignore[arg-type]
+    payload = bytes(range(256)) * 3
+    fs.send_frame(Request(rid=1, op="put"), memoryview(payload))
+    head = bytes(encode_head(Request(rid=1, op="put"), len(payload)))
+    assert bytes(sock.out) == head + payload
+
+
+def test_idle_closed_stalled_and_truncated(pair):
+    a, b = pair
+    fs = FramedSocket(b, peer="p", limits=FrameLimits(), io_timeout_s=0.05)
+    set_io_timeout(b, 0.05)  # the kernel enforces it; FramedSocket only reports it
+    with pytest.raises(Idle):
+        fs.read_header()  # nothing sent: idle, not an error
+    a.sendall(bytes(encode_head(Request(rid=1, op="x"), 10))[:5])
+    with pytest.raises(DeadlineExceeded) as ei:
+        fs.read_header()  # a frame started and stopped: stalled
+    assert ei.value.reason == "stalled" and fs.broken
+
+    c, d = socket.socketpair()
+    fs2 = FramedSocket(d, peer="q", limits=FrameLimits(), io_timeout_s=5)
+    c.close()
+    with pytest.raises(PeerClosed):
+        fs2.read_header()
+    d.close()
+
+    e, f = socket.socketpair()
+    fs3 = FramedSocket(f, peer="r", limits=FrameLimits(), io_timeout_s=5)
+    e.sendall(bytes(encode_head(Request(rid=1, op="x"), 10)) + b"12345")
+    e.close()
+    fs3.read_header()
+    with pytest.raises(ProtocolError) as pe:
+        fs3.recv_into(memoryview(bytearray(10)))
+    assert pe.value.reason == "truncated"
+    f.close()
+
+
+def test_buffer_views():
+    arr = np.zeros((4, 4), dtype=np.float64)
+    view = as_bytes_view(arr, writable=True)
+    assert view.format == "B" and len(view) == 128
+    with pytest.raises(InvalidArgument):
+        as_bytes_view(b"read only", writable=True)
+    with pytest.raises(InvalidArgument):
+        as_bytes_view(arr[:, ::2])
