@@ -18,7 +18,7 @@ from typing import Any
 
 from fireflyer.core.errors import NotFound
 
-from .index import ShardFile, ShardIndex, TensorEntry, ValueEntry, decode_index, encode_index
+from .index import ShardFile, ShardIndex, TensorEntry, ValueEntry, decode_index, encode_index, index_name
 from .localfs import LocalFS
 from .shard import BatchFS, CheckpointCorrupted, ShardLayout, pack, read_tensors, write_shards
 from .state import FlatState, flatten, select, unflatten
@@ -29,10 +29,6 @@ __all__ = [
     "pack", "write_shards", "read_tensors", "ShardLayout", "CheckpointCorrupted", "BatchFS",
     "LocalFS", "save", "load", "index_name",
 ]
-
-
-def index_name(rank: int) -> str:
-    return f"rank{rank:05d}.index"
 
 
 def save(fs: BatchFS, directory: str, state: Any, *, rank: int = 0, shard_bytes: int = 256 << 20,

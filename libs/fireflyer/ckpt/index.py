@@ -17,7 +17,7 @@ from fireflyer.core.errors import InvalidArgument
 __all__ = [
     "TensorEntry", "ValueEntry", "Entry", "ShardFile", "ShardIndex",
     "DictNode", "ListNode", "TupleNode", "LeafNode", "Node",
-    "encode_index", "decode_index", "FORMAT_VERSION",
+    "encode_index", "decode_index", "FORMAT_VERSION", "index_name",
 ]
 
 FORMAT_VERSION = 1
@@ -85,6 +85,11 @@ class ShardIndex(msgspec.Struct, frozen=True, kw_only=True):
 
     def tensor_bytes(self) -> int:
         return sum(e.nbytes for e in self.entries if isinstance(e, TensorEntry))
+
+
+def index_name(rank: int) -> str:
+    """The file name of a rank's index inside a checkpoint directory."""
+    return f"rank{rank:05d}.index"
 
 
 _decoder = msgspec.msgpack.Decoder(ShardIndex)

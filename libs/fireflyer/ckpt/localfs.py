@@ -58,3 +58,60 @@ class LocalFS:
             except OSError as e:
                 out.append(LocalResult(error=FsError(f"read {path}: {e.strerror}", errno=e.errno or 5, path=path)))
         return out
+
+    # -- the file calls the checkpoint catalog and manager use (as fireflyer.fs.FileSystem) --------
+    def _fs_error(self, op: str, path: str, e: OSError) -> FsError:
+        return FsError(f"{op} {path}: {e.strerror}", errno=e.errno or 5, path=path)
+
+    def mkdir(self, path: str, mode: int = 0o755, *, parents: bool = False, exist_ok: bool = False) -> None:
+        try:
+            if parents:
+                os.makedirs(self._path(path), mode, exist_ok=exist_ok)
+            else:
+                os.mkdir(self._path(path), mode)
+        except FileExistsError as e:
+            if not exist_ok:
+                raise self._fs_error("mkdir", path, e) from None
+        except OSError as e:
+            raise self._fs_error("mkdir", path, e) from None
+
+    def write_bytes(self, path: str, data: Any) -> int:
+        """Replace the file's content with ``data`` (written to a temporary name, then renamed,
+        so a reader sees the old file or the new one)."""
+        p = self._path(path)
+        tmp = f"{p}.tmp{os.getpid()}"
+        try:
+            with open(tmp, "wb") as f:
+                n = f.write(data)
+            os.replace(tmp, p)
+            return n
+        except OSError as e:
+            raise self._fs_error("write", path, e) from None
+
+    def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        try:
+            with open(self._path(path), "rb") as f:
+                f.seek(offset)
+                return f.read() if length is None else f.read(length)
+        except OSError as e:
+            raise self._fs_error("read", path, e) from None
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(self._path(path))
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self._path(path)))
+        except OSError as e:
+            raise self._fs_error("listdir", path, e) from None
+
+    def rmtree(self, path: str) -> None:
+        import shutil
+
+        p = self._path(path)
+        if not os.path.lexists(p):
+            raise FsError(f"rmtree {path}: no such file or directory", errno=2, path=path)
+        try:
+            shutil.rmtree(p)
+        except OSError as e:
+            raise self._fs_error("rmtree", path, e) from None
