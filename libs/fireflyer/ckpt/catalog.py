@@ -126,8 +126,10 @@ class Catalog:
     """Checkpoint records and their commit protocol over ``kv`` and ``fs`` (see the module doc)."""
 
     def __init__(self, kv: KV, fs: CatalogFS, *, root: str = "/ckpt", clock: Clock | None = None,
-                 abandon_after_s: float = 600.0, verify_index: bool = True,
+                 abandon_after_s: float = 600.0, verify_index: bool = True, create_dirs: bool = True,
                  on_committed: Callable[[CheckpointRecord], None] | None = None) -> None:
+        """``create_dirs=False``: ``begin`` leaves creating the directory to the ranks, so it is
+        owned by the job's user (the service runs as admin; ranks present user tokens)."""
         if abandon_after_s <= 0:
             raise InvalidArgument(f"abandon_after_s must be positive, got {abandon_after_s}")
         self.kv = kv
@@ -136,6 +138,7 @@ class Catalog:
         self.clock = clock or SystemClock()
         self.abandon_after_s = abandon_after_s
         self.verify_index = verify_index
+        self.create_dirs = create_dirs
         self.on_committed = on_committed
 
     # -- begin / commit / abort ---------------------------------------------------------------
@@ -191,7 +194,8 @@ class Catalog:
 
         rec, created = self.kv.run(txn_fn)
         if created:
-            self.fs.mkdir(rec.directory, parents=True, exist_ok=True)
+            if self.create_dirs:
+                self.fs.mkdir(rec.directory, parents=True, exist_ok=True)
             log.info("ckpt.begin", checkpoint=rec.id, job=job, step=step, world_size=world_size)
         return rec
 
@@ -320,8 +324,11 @@ class Catalog:
     def list(self, job: str, *, include_all: bool = False) -> list[CheckpointRecord]:
         """A job's checkpoints in step order (committed only, unless ``include_all``)."""
         check_job(job)
-        recs = self.kv.run(lambda txn: _job_records(txn, job))
-        if not recs:
+        def txn_fn(txn: Txn) -> tuple[list[CheckpointRecord], bool]:
+            return _job_records(txn, job), txn.get(CKPL + pack((job,)), snapshot=True) is not None
+
+        recs, has_policy = self.kv.run(txn_fn)
+        if not recs and not has_policy:
             raise NotFound(f"unknown job {job!r}: it has no checkpoints", job=job)
         return [r for r in recs if include_all or r.committed]
 
@@ -351,6 +358,7 @@ class Catalog:
 
     # -- retention, pinning, deletion ----------------------------------------------------------
     def retention(self, job: str) -> RetentionPolicy:
+        check_job(job)
         raw = self.kv.run(lambda txn: txn.get(CKPL + pack((job,)), snapshot=True))
         return RetentionPolicy() if raw is None else _pol_dec.decode(raw)
 

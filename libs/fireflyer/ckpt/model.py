@@ -19,6 +19,7 @@ from enum import StrEnum
 
 import msgspec
 
+from fireflyer.bus.events import Event
 from fireflyer.core.errors import InvalidArgument
 
 __all__ = [
@@ -28,7 +29,8 @@ __all__ = [
 
 MANIFEST_NAME = "MANIFEST"
 MANIFEST_FORMAT = 1
-_JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+#: no '.': the job name is one token of the NATS subject ff.ckpt.v1.job.<job>.committed
+_JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 
 
 class CkptState(StrEnum):
@@ -114,8 +116,9 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     format: int = MANIFEST_FORMAT
 
 
-class CheckpointCommitted(msgspec.Struct, frozen=True, kw_only=True, tag="ckpt.committed"):
-    """Published on JetStream as ``ff.ckpt.v1.job.<job>.committed``."""
+class CheckpointCommitted(Event, frozen=True, kw_only=True, tag="ckpt.committed.v1"):
+    """Published on JetStream as ``ff.ckpt.v1.job.<job>.committed``; ``event_id`` is the
+    checkpoint id, so a retried publish of one commit is stored once."""
 
     id: str
     job: str
@@ -124,13 +127,12 @@ class CheckpointCommitted(msgspec.Struct, frozen=True, kw_only=True, tag="ckpt.c
     directory: str
     nbytes: int
     committed_at: float
-    version: int = 1
 
 
 def check_job(job: str) -> str:
-    """A job name is used in paths and NATS subjects: letters, digits, ``_.-``, at most 128."""
+    """A job name is used in paths and NATS subjects: letters, digits, ``_-``, at most 128."""
     if not isinstance(job, str) or not _JOB_RE.match(job):
-        raise InvalidArgument(f"bad job name {job!r}: use 1-128 letters, digits, '_', '.', '-' "
+        raise InvalidArgument(f"bad job name {job!r}: use 1-128 letters, digits, '_', '-' "
                               "(starting with a letter or digit)", job=str(job))
     return job
 

@@ -43,6 +43,7 @@ COMMAND_MODULES = [
     "fireflyer.cli.launch",
     "fireflyer.cli.admin",
     "fireflyer.cli.coord",
+    "fireflyer.cli.ckpt",
 ]
 
 

@@ -122,7 +122,7 @@ def test_refusals_commit_nothing(env: Env) -> None:
     env.cat.commit_shard(rec.id, 0, d0, 1)
     with pytest.raises(AlreadyExists, match="different shard"):
         env.cat.commit_shard(rec.id, 0, env.write_rank(rec, 0, b"rewritten"), 1)
-    for bad in ("", "a/b", "../x", "x y", "-lead"):
+    for bad in ("", "a/b", "../x", "x y", "-lead", "llama.7b"):
         with pytest.raises(InvalidArgument, match="bad job name"):
             env.cat.begin(bad, 1, 1)
     with pytest.raises(InvalidArgument):

@@ -1,0 +1,1 @@
+"""The checkpoint service: the catalog of checkpoints over the KV and 3FS (see app.py)."""

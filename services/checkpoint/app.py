@@ -1,0 +1,170 @@
+"""The checkpoint service: settings (``FF_CHECKPOINT_*``) and wiring onto the standard runtime.
+
+    python -m services.checkpoint     # FF_CHECKPOINT_KV_URL=sqlite:///... (default <state_dir>/checkpoint.db)
+
+Records live in the KV (SQLite by default, PostgreSQL for several replicas: every state
+change is one serializable transaction, so replicas over one KV may serve together).
+Checkpoint data and ``MANIFEST`` files live in 3FS under ``root``; the 3FS client finds
+meta and mgmtd through ``FF_META_ADDR`` / ``FF_MGMTD_ADDR`` (``ff up`` passes them) or the
+cluster record under the state dir, and presents this service's token (``FF_TOKEN``).
+With ``local_root`` set, a local directory stands in for 3FS (no 3FS cluster needed).
+
+Each commit is published as ``CheckpointCommitted`` on JetStream subject
+``ff.ckpt.v1.job.<job>.committed`` (stream ``FF_CKPT``).  A sweep runs at start and every
+``sweep_interval_s``: it aborts checkpoints idle past ``abandon_after_s`` (a writer that
+died) and removes their directories, and finishes commits and deletes a crash interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from fireflyer.api.checkpoint.v1 import checkpoint_pb2_grpc as pb_grpc
+from fireflyer.ckpt.catalog import Catalog
+from fireflyer.ckpt.localfs import LocalFS
+from fireflyer.ckpt.model import CheckpointRecord
+from fireflyer.core.config import ServiceSettings
+from fireflyer.core.errors import SettingsError
+from fireflyer.core.runtime import Service, ServiceContext, run_service
+from fireflyer.kv import KV, aopen_kv
+
+from .events import STREAM, STREAM_SUBJECTS, publish_committed
+from .servicer import SERVICE_NAME, CheckpointServicer
+
+__all__ = ["CheckpointSection", "CheckpointSettings", "CheckpointService", "kv_url_for", "main"]
+
+
+class CheckpointSection(msgspec.Struct, frozen=True, kw_only=True):
+    #: empty: sqlite:///<state_dir>/checkpoint.db
+    kv_url: str = ""
+    #: where checkpoint directories go in the file system: <root>/<job>/step<N>-<id>
+    root: str = "/ckpt"
+    #: a pending checkpoint without Begin/CommitShard for this long is aborted by the sweep
+    abandon_after_s: float = 600.0
+    sweep_interval_s: float = 5.0
+    #: a local directory instead of 3FS (single-machine use and tests)
+    local_root: str = ""
+    #: how long a commit waits for JetStream to store its event before logging the failure
+    publish_timeout_s: float = 5.0
+
+
+class CheckpointSettings(ServiceSettings, frozen=True, kw_only=True):
+    checkpoint: CheckpointSection = msgspec.field(default_factory=CheckpointSection)
+
+
+def kv_url_for(settings: CheckpointSettings) -> str:
+    return settings.checkpoint.kv_url or f"sqlite:///{Path(settings.state_dir).absolute() / 'checkpoint.db'}"
+
+
+def _check(c: CheckpointSection) -> None:
+    for key in ("abandon_after_s", "sweep_interval_s", "publish_timeout_s"):
+        if not getattr(c, key) > 0:
+            raise SettingsError(f"checkpoint.{key} must be positive, got {getattr(c, key)}",
+                                key=f"checkpoint.{key}", expected="float > 0")
+    if not c.root.startswith("/"):
+        raise SettingsError(f"checkpoint.root must be an absolute path, got {c.root!r}", key="checkpoint.root",
+                            expected="absolute path")
+
+
+class CheckpointService(Service):
+    """Fire-Flyer checkpoint catalog service (checkpoint)."""
+
+    name = "checkpoint"
+    settings_type = CheckpointSettings
+
+    def __init__(self, settings: Any) -> None:
+        super().__init__(settings)
+        self.kv: KV | None = None
+        self.fs: Any = None
+        self.catalog: Catalog | None = None
+        self._ctx: ServiceContext | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self, ctx: ServiceContext) -> None:
+        settings: CheckpointSettings = self.settings  # type: ignore[assignment]
+        c = settings.checkpoint
+        _check(c)
+        self._ctx, self._loop = ctx, asyncio.get_running_loop()
+        if ctx.bus is not None:
+            await ctx.bus.ensure_stream(STREAM, STREAM_SUBJECTS)
+        else:
+            ctx.log.warning("checkpoint.no_nats", note="commits are not published (nats.url is empty)")
+        self.kv = await aopen_kv(kv_url_for(settings))
+        self.fs = await asyncio.to_thread(self._open_fs, settings)
+        if not c.local_root:
+            await asyncio.to_thread(self._make_root, c.root)
+        # In 3FS the ranks create their checkpoint's directory under their own user; the
+        # service (admin) writes only MANIFEST into it and removes it.
+        self.catalog = Catalog(self.kv, self.fs, root=c.root, clock=ctx.clock, abandon_after_s=c.abandon_after_s,
+                               create_dirs=bool(c.local_root), on_committed=self._on_committed)
+        ctx.add_servicer(pb_grpc.add_CheckpointServiceServicer_to_server, CheckpointServicer(self.catalog),
+                         SERVICE_NAME)
+        # once now (what a crash left behind is finished before the first client call), then periodically
+        await self._sweep_once()
+        self._sweeper = ctx.spawn(self._sweep_loop(c.sweep_interval_s), name="checkpoint-sweep")
+        ctx.log.info("checkpoint.starting", kv=kv_url_for(settings).split("@")[-1], root=c.root,
+                     fs=f"local:{c.local_root}" if c.local_root else "3fs", abandon_after_s=c.abandon_after_s)
+
+    @staticmethod
+    def _open_fs(settings: CheckpointSettings) -> Any:
+        if settings.checkpoint.local_root:
+            Path(settings.checkpoint.local_root).mkdir(parents=True, exist_ok=True)
+            return LocalFS(settings.checkpoint.local_root)
+        from fireflyer.fs import connect
+
+        return connect(token=settings.token, state_dir=settings.state_dir)
+
+    def _make_root(self, root: str) -> None:
+        """``root`` world-writable and sticky (as /tmp): every user's job gets its own directory
+        in it, which only that user (and admins) may change."""
+        self.fs.mkdir(root, 0o1777, parents=True, exist_ok=True)
+        self.fs._call(self.fs.meta.setattr(root, mode=0o1777))
+
+    def _on_committed(self, rec: CheckpointRecord) -> None:
+        """Called by the Catalog on a worker thread: publish on the service's loop and wait."""
+        ctx, loop = self._ctx, self._loop
+        if ctx is None or loop is None or ctx.bus is None:
+            return
+        timeout = self.settings.checkpoint.publish_timeout_s  # type: ignore[attr-defined]
+        fut = asyncio.run_coroutine_threadsafe(publish_committed(ctx.bus, rec, timeout_s=timeout), loop)
+        try:
+            seq = fut.result(timeout + 1.0)
+        except Exception as e:
+            fut.cancel()
+            # the commit stands (the record and MANIFEST say so); readers polling Latest still see it
+            ctx.log.error("checkpoint.publish_failed", checkpoint=rec.id, job=rec.job, step=rec.step, error=repr(e))
+            return
+        ctx.log.info("checkpoint.published", checkpoint=rec.id, job=rec.job, step=rec.step, seq=seq)
+
+    async def _sweep_once(self) -> None:
+        assert self.catalog is not None and self._ctx is not None
+        try:
+            acted = await asyncio.to_thread(self.catalog.sweep)
+        except Exception as e:  # noqa: BLE001 -- a KV or file-system hiccup: the next sweep retries
+            self._ctx.log.warning("checkpoint.sweep_failed", error=repr(e))
+            return
+        if acted:
+            self._ctx.log.info("checkpoint.swept", checkpoints=[f"{r.id}:{r.state.value}" for r in acted])
+
+    async def _sweep_loop(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await self._sweep_once()
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:  # before the KV closes under it (the runtime cancels tasks after stop)
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        if self.fs is not None and hasattr(self.fs, "close"):
+            await asyncio.to_thread(self.fs.close)
+        if self.kv is not None:
+            self.kv.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_service(CheckpointService, argv)
