@@ -3,6 +3,10 @@
 - :mod:`.state`: :func:`flatten` a nested state (dicts, lists, tuples of torch tensors,
   numpy arrays and plain values) into paths and leaves; :func:`unflatten`; :func:`select`;
 - :mod:`.index`: :class:`ShardIndex` and its entries (msgspec, msgpack-encoded);
+- :mod:`.snapshot`: copy a state to reusable host buffers (the training stall of a save);
+- :mod:`.catalog` / :mod:`.model`: checkpoint records and the commit protocol;
+- :mod:`.manager`: :class:`CheckpointManager`, what a training loop uses;
+- :mod:`.dcp`: ``torch.distributed.checkpoint`` storage over the same file systems;
 - :mod:`.shard`: :func:`pack` (where each tensor goes), :func:`write_shards`,
   :func:`read_tensors` (CRC32C-checked, zero-copy views) over any object with the 3FS
   client's ``batch_write``/``batch_read``; :class:`~.localfs.LocalFS` for a local directory.
@@ -16,18 +20,35 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from fireflyer.core.errors import NotFound
+from fireflyer.core.errors import FsError, NotFound
 
+from .catalog import Catalog, index_digest
 from .index import ShardFile, ShardIndex, TensorEntry, ValueEntry, decode_index, encode_index, index_name
 from .localfs import LocalFS
-from .shard import BatchFS, CheckpointCorrupted, ShardLayout, pack, read_tensors, write_shards
+from .manager import CheckpointManager
+from .model import (
+    MANIFEST_NAME,
+    CheckpointCommitted,
+    CheckpointRecord,
+    CkptState,
+    Manifest,
+    RetentionPolicy,
+    ShardCommit,
+    decode_manifest,
+)
+from .shard import BatchFS, CheckpointCorrupted, ParallelFS, ShardLayout, pack, read_tensors, write_shards
+from .snapshot import Snapshot, Snapshotter, snapshot
 from .state import FlatState, flatten, select, unflatten
 
 __all__ = [
     "flatten", "unflatten", "select", "FlatState",
     "ShardIndex", "TensorEntry", "ValueEntry", "ShardFile", "encode_index", "decode_index",
     "pack", "write_shards", "read_tensors", "ShardLayout", "CheckpointCorrupted", "BatchFS",
-    "LocalFS", "save", "load", "index_name",
+    "LocalFS", "save", "load", "index_name", "ParallelFS",
+    "Snapshot", "Snapshotter", "snapshot",
+    "CheckpointManager", "Catalog", "index_digest",
+    "CheckpointRecord", "CkptState", "RetentionPolicy", "Manifest", "ShardCommit", "CheckpointCommitted",
+    "MANIFEST_NAME", "decode_manifest",
 ]
 
 
@@ -50,6 +71,11 @@ def save(fs: BatchFS, directory: str, state: Any, *, rank: int = 0, shard_bytes:
 
 def load_index(fs: BatchFS, directory: str, *, rank: int = 0) -> ShardIndex:
     path = f"{directory.rstrip('/')}/{index_name(rank)}"
+    if hasattr(fs, "read_bytes"):
+        try:
+            return decode_index(fs.read_bytes(path))  # type: ignore[attr-defined]
+        except FsError as e:
+            raise NotFound(f"no checkpoint index for rank {rank} in {directory}", path=path) from e
     r = fs.batch_read([(path, 0, 1 << 30)])[0]
     if r.error is not None or not r.data:
         raise NotFound(f"no checkpoint index for rank {rank} in {directory}", path=path)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from fireflyer.core.errors import FsError
 
@@ -21,7 +22,8 @@ class LocalResult(msgspec.Struct):
 
 class LocalFS:
     """``batch_write``/``batch_read`` on files under ``root`` (created on write); reads return
-    writable ``bytearray`` so tensors are built without a copy."""
+    writable buffers (memoryviews of numpy arrays) so tensors are built without a copy, and
+    ``batch_read_into`` reads into buffers the caller allocated."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = os.fspath(root)
@@ -46,15 +48,32 @@ class LocalFS:
         return out
 
     def batch_read(self, ios: Sequence[tuple[str, int, int]]) -> list[LocalResult]:
+        # np.empty, not bytearray: no zero-filling pass over memory the read overwrites anyway
+        bufs = [memoryview(np.empty(length, dtype=np.uint8)) for _, _, length in ios]
+        results = self.batch_read_into([(p, o, b) for (p, o, _), b in zip(ios, bufs, strict=True)])
+        for r, b in zip(results, bufs, strict=True):
+            if r.error is None:
+                r.data = b[:r.written]
+        return results
+
+    def batch_read_into(self, ios: Sequence[tuple[str, int, Any]]) -> list[LocalResult]:
+        """Read ``(path, offset, buffer)`` into the given writable buffers (short at EOF:
+        ``written`` says how many bytes arrived)."""
         out = []
-        for path, offset, length in ios:
+        for path, offset, dest in ios:
+            view = memoryview(dest).cast("B")
             try:
-                with open(self._path(path), "rb", buffering=0) as f:
-                    f.seek(offset)
-                    buf = bytearray(length)
-                    n = f.readinto(buf) or 0
-                    del buf[n:]
-                out.append(LocalResult(data=buf))
+                fd = os.open(self._path(path), os.O_RDONLY)
+                try:
+                    got = 0
+                    while got < view.nbytes:
+                        n = os.preadv(fd, [view[got:]], offset + got)
+                        if n <= 0:
+                            break
+                        got += n
+                finally:
+                    os.close(fd)
+                out.append(LocalResult(written=got))
             except OSError as e:
                 out.append(LocalResult(error=FsError(f"read {path}: {e.strerror}", errno=e.errno or 5, path=path)))
         return out

@@ -11,7 +11,8 @@ returning results with ``.data``/``.error``): :class:`fireflyer.fs.FileSystem`, 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import msgspec
@@ -24,7 +25,7 @@ from .index import ShardFile, ShardIndex, TensorEntry, ValueEntry
 from .state import FlatState, ValueLeaf, _as_path, _matches, numpy_dtype, torch_dtype
 
 __all__ = ["ShardLayout", "CheckpointCorrupted", "BatchFS", "pack", "write_shards", "read_tensors",
-           "shard_name"]
+           "shard_name", "ParallelFS"]
 
 #: the largest single I/O sent to the file system (3FS's default limit is 1 GiB)
 IO_BYTES = 64 << 20
@@ -212,3 +213,75 @@ def read_tensors(fs: BatchFS, directory: str, index: ShardIndex, paths: Sequence
                         path=e.path, shard=target, offset=e.offset)
             out[e.path] = _rebuild(e, buf, at, map_location)
     return out
+
+
+# -- parallel batch I/O ------------------------------------------------------------------------
+class _Result(msgspec.Struct):
+    data: Any = b""
+    written: int = 0
+    error: Exception | None = None
+
+
+class ParallelFS:
+    """Spreads ``batch_write``/``batch_read`` over ``threads`` concurrent batch calls on ``fs``
+    (the other calls pass through), so one rank keeps several I/Os in flight.
+
+    When ``fs`` can read into given buffers (``batch_read_into``, as :class:`LocalFS`), each
+    read gets one buffer that its ``piece_bytes`` pieces fill in parallel: a large tensor is
+    read by every thread and still lands in one buffer, without a copy.  ``after_write`` is
+    called (in the I/O thread) after each part of a write -- a hook for fault injection."""
+
+    def __init__(self, fs: Any, pool: ThreadPoolExecutor | None, threads: int, *, piece_bytes: int = 16 << 20,
+                 after_write: Callable[[], None] | None = None) -> None:
+        self.fs = fs
+        self.pool = pool
+        self.threads = max(1, threads) if pool is not None else 1
+        self.piece_bytes = piece_bytes
+        self.after_write = after_write
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fs, name)
+
+    def _spread(self, fn: Callable[[list[Any]], Sequence[Any]], items: list[Any]) -> list[Any]:
+        """Run ``fn`` over ``threads`` interleaved parts of ``items``; results in ``items``' order."""
+        n = min(self.threads, len(items))
+        if n <= 1 or self.pool is None:
+            return list(fn(items))
+        parts = [items[k::n] for k in range(n)]
+        futs = [self.pool.submit(fn, p) for p in parts]
+        out: list[Any] = [None] * len(items)
+        for k, f in enumerate(futs):
+            out[k::n] = list(f.result())
+        return out
+
+    def batch_write(self, ios: Sequence[tuple[str, int, Any]]) -> list[Any]:
+        def part(p: list[Any]) -> Sequence[Any]:
+            res = self.fs.batch_write(p)
+            if self.after_write is not None:
+                self.after_write()
+            return res
+        return self._spread(part, list(ios))
+
+    def batch_read(self, ios: Sequence[tuple[str, int, int]]) -> list[Any]:
+        if not hasattr(self.fs, "batch_read_into"):
+            return self._spread(self.fs.batch_read, list(ios))
+        bufs = [memoryview(np.empty(n, dtype=np.uint8)) for _, _, n in ios]
+        pieces: list[tuple[int, tuple[str, int, memoryview]]] = []
+        for i, ((path, off, n), buf) in enumerate(zip(ios, bufs, strict=True)):
+            for at in range(0, max(n, 1), self.piece_bytes):
+                pieces.append((i, (path, off + at, buf[at:at + self.piece_bytes])))
+        got = self._spread(lambda p: self.fs.batch_read_into([io for _, io in p]), pieces)
+        out = [_Result(data=b) for b in bufs]
+        ends: list[int | None] = [None] * len(ios)  # where the first short piece ended the data
+        for (i, (_p, off, view)), r in zip(pieces, got, strict=True):
+            err = getattr(r, "error", None)
+            if err is not None:
+                out[i].error = err
+            elif r.written < view.nbytes:
+                end = off - ios[i][1] + r.written
+                cur = ends[i]
+                ends[i] = end if cur is None else min(cur, end)
+        for i, end in enumerate(ends):
+            if end is not None and out[i].error is None:
+                out[i].data = bufs[i][:end]
+        return out

@@ -14,7 +14,7 @@ anything is written.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -36,7 +36,8 @@ except ImportError:  # pragma: no cover
 
 __all__ = [
     "TensorLeaf", "ValueLeaf", "Leaf", "FlatState", "flatten", "unflatten", "select",
-    "join_path", "escape_key", "numpy_dtype", "torch_dtype", "decode_value",
+    "join_path", "escape_key", "numpy_dtype", "numpy_dtype_name", "torch_dtype", "decode_value",
+    "check_tensor", "ArrayHook",
 ]
 
 _PLAIN = (type(None), bool, int, float, str, bytes)
@@ -93,11 +94,13 @@ def _as_path(key: str | Sequence[int | str]) -> str:
 
 # -- dtypes ----------------------------------------------------------------------------
 def numpy_dtype_name(dtype: np.dtype, path: str) -> str:
-    if dtype.kind in _NUMPY_KINDS and dtype.fields is None:
-        return dtype.str
+    # ml_dtypes first: some of its types (float8_e5m2) report kind "f", and their ``dtype.str``
+    # (``<f1``) does not name them
     if ml_dtypes is not None and isinstance(getattr(ml_dtypes, dtype.name, None), type):
         if np.dtype(getattr(ml_dtypes, dtype.name)) == dtype:
             return dtype.name
+    if dtype.kind in _NUMPY_KINDS and dtype.fields is None:
+        return dtype.str
     raise InvalidArgument(f"{path or '<root>'}: numpy dtype {dtype} cannot be checkpointed "
                           "(object and structured arrays are not supported)", path=path, dtype=str(dtype))
 
@@ -116,10 +119,22 @@ def torch_dtype(name: str) -> Any:
 
 
 # -- flatten ---------------------------------------------------------------------------
-def _tensor_leaf(path: str, t: Any) -> TensorLeaf:
-    if t.is_sparse or t.is_quantized or t.layout != torch.strided:
+def check_tensor(path: str, t: Any) -> str:
+    """Refuse what cannot be stored as plain bytes; returns the dtype's name (``"bfloat16"``)."""
+    if t.layout != torch.strided or t.is_quantized:  # sparse tensors have a non-strided layout
         raise InvalidArgument(f"{path or '<root>'}: only dense (strided) tensors can be checkpointed, "
                               f"got layout {t.layout}", path=path)
+    name = _DTYPE_NAMES.get(t.dtype)
+    if name is None:  # cached: this runs once per tensor of every snapshot
+        name = _DTYPE_NAMES[t.dtype] = str(t.dtype).removeprefix("torch.")
+    return name
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _tensor_leaf(path: str, t: Any) -> TensorLeaf:
+    name = check_tensor(path, t)
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -130,7 +145,7 @@ def _tensor_leaf(path: str, t: Any) -> TensorLeaf:
     shape = tuple(t.shape)
     flat = t.contiguous().reshape(-1)
     data = memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
-    return TensorLeaf(path, "torch", str(t.dtype).removeprefix("torch."), shape, data)
+    return TensorLeaf(path, "torch", name, shape, data)
 
 
 def _array_leaf(path: str, a: np.ndarray, kind: str) -> TensorLeaf:
@@ -139,9 +154,18 @@ def _array_leaf(path: str, a: np.ndarray, kind: str) -> TensorLeaf:
     return TensorLeaf(path, kind, name, tuple(a.shape), memoryview(c.reshape(-1).view(np.uint8)))
 
 
-def flatten(state: Any) -> FlatState:
+#: ``on_array(path, kind, obj)``: the leaf for a tensor (``kind="torch"``), an array (``"numpy"``)
+#: or a numpy scalar (``"numpy_scalar"``, passed as a 0-d array)
+ArrayHook = Callable[[str, str, Any], Leaf]
+
+
+def flatten(state: Any, *, on_array: ArrayHook | None = None) -> FlatState:
     """Split ``state`` into its structure and leaves; raises :class:`InvalidArgument` naming
-    the path of the first thing it cannot checkpoint."""
+    the path of the first thing it cannot checkpoint.
+
+    By default a tensor's leaf is a view of its (CPU, contiguous) bytes.  ``on_array``
+    replaces that step, so the snapshot (:mod:`.snapshot`) reuses this walk and its checks
+    while copying the bytes into its own staging buffers."""
     leaves: list[Leaf] = []
     seen: set[str] = set()
     active: set[int] = set()
@@ -163,11 +187,11 @@ def flatten(state: Any) -> FlatState:
                 active.discard(id(obj))
         claim(path)
         if torch is not None and isinstance(obj, torch.Tensor):
-            leaves.append(_tensor_leaf(path, obj))
-        elif isinstance(obj, np.ndarray):
-            leaves.append(_array_leaf(path, obj, "numpy"))
-        elif isinstance(obj, np.generic):
-            leaves.append(_array_leaf(path, np.asarray(obj), "numpy_scalar"))
+            leaves.append(_tensor_leaf(path, obj) if on_array is None else on_array(path, "torch", obj))
+        elif isinstance(obj, np.ndarray | np.generic):
+            kind = "numpy" if isinstance(obj, np.ndarray) else "numpy_scalar"
+            arr = np.asarray(obj)
+            leaves.append(_array_leaf(path, arr, kind) if on_array is None else on_array(path, kind, arr))
         elif type(obj) in _PLAIN:
             try:
                 leaves.append(ValueLeaf(path, msgspec.msgpack.encode(obj)))

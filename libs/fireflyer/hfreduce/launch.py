@@ -392,7 +392,9 @@ def _kill_sessions(sids: set[int]) -> None:
 
 
 def discover_coord(env: dict[str, str]) -> dict[str, str]:
-    """FF_COORD_ADDR (+ FF_NATS_URL, FF_TOKEN unless set) of a running ``ff up`` cluster with a live coord.
+    """The service addresses of a running ``ff up`` cluster with a live coord (+ FF_NATS_URL,
+    FF_TOKEN unless set): FF_COORD_ADDR, and FF_<SVC>_ADDR of every other live service (meta,
+    mgmtd for 3FS, FF_CKPT_ADDR for checkpoints) that ``env`` does not already name.
 
     Looks under ``FF_STATE_DIR`` (default ``.ff``); nothing when there is no cluster
     record, no coord in it, or its process is gone.
@@ -400,6 +402,7 @@ def discover_coord(env: dict[str, str]) -> dict[str, str]:
     try:
         from fireflyer.cluster.procs import alive
         from fireflyer.cluster.records import StatePaths, read_record, read_tokens
+        from fireflyer.cluster.supervisor import address_env
 
         paths = StatePaths(env.get("FF_STATE_DIR") or ".ff")
         record = read_record(paths)
@@ -408,7 +411,10 @@ def discover_coord(env: dict[str, str]) -> dict[str, str]:
         coord = next((p for p in record.processes if p.name == "coord"), None)
         if coord is None or not alive(coord.pid, coord.start_ticks):
             return {}
-        out = {"FF_COORD_ADDR": coord.address}
+        live = [(p.name, p.address) for p in record.processes
+                if p.address and p.name != "coord" and alive(p.pid, p.start_ticks)]
+        out = {k: v for k, v in address_env(live).items() if not env.get(k)}
+        out["FF_COORD_ADDR"] = coord.address
         if not env.get("FF_NATS_URL"):
             out["FF_NATS_URL"] = record.nats.url
         if not env.get("FF_TOKEN"):
