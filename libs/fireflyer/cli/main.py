@@ -32,6 +32,7 @@ BENCHES: dict[str, str] = {
     "fs": "fireflyer.fs.bench_fs",
     "fs-small": "fireflyer.fs.bench_fs_small",
     "incast": "fireflyer.fs.bench_incast",
+    "ckpt": "fireflyer.ckpt.bench_ckpt",
 }
 
 #: modules that add subcommands; imported lazily so ``ff --help`` stays fast

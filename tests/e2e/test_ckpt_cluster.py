@@ -1,0 +1,107 @@
+"""Checkpoints through the real stack: ``ff up`` with mgmtd, meta, three storage nodes (two
+3-replica chains) and the checkpoint service; a rank with a *user* token saves through the
+gRPC catalog and 3FS, and keeps saving while one storage node is killed with SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from fireflyer.ckpt import CheckpointManager
+from fireflyer.ckpt.client import CheckpointClient
+from fireflyer.ckpt.model import MANIFEST_NAME, CkptState, decode_manifest
+from fireflyer.fs import FileSystem, connect
+from fireflyer.testing.cluster import LocalCluster, started_cluster
+
+CLUSTER_TOML = """
+[cluster]
+ready_timeout_s = 30.0
+stop_timeout_s = 5.0
+
+[nats]
+port = 0
+
+[[service]]
+name = "mgmtd"
+module = "services.mgmtd"
+replicas = 1
+env = { FF_MGMTD_HEARTBEAT_FAIL_INTERVAL_S = "1.5", FF_MGMTD_SCAN_INTERVAL_S = "0.2", FF_MGMTD_CHAIN_UPDATE_INTERVAL_S = "0.2", FF_GRACE_S = "1" }
+
+[[service]]
+name = "meta"
+module = "services.meta"
+replicas = 1
+env = { FF_META_ROOT_CHUNK_SIZE = "262144", FF_META_ROOT_STRIPE_SIZE = "2", FF_META_ROUTING_REFRESH_S = "1", FF_GRACE_S = "1" }
+
+[[service]]
+name = "storage"
+module = "services.storage"
+replicas = 3
+env = { FF_STORAGE_TARGET_COUNT = "2", FF_STORAGE_FSYNC = "false", FF_STORAGE_HEARTBEAT_INTERVAL_S = "0.3", FF_STORAGE_ROUTING_PULL_S = "0.3", FF_STORAGE_RESYNC_INTERVAL_S = "0.2", FF_STORAGE_CONNECT_TIMEOUT_S = "0.5", FF_STORAGE_FORWARD_TIMEOUT_S = "1.0", FF_STORAGE_INIT_CHAINS = "nodes=3,replicas=3,table=1", FF_GRACE_S = "1" }
+
+[[service]]
+name = "checkpoint"
+module = "services.checkpoint"
+replicas = 1
+env = { FF_CHECKPOINT_ABANDON_AFTER_S = "60", FF_CHECKPOINT_SWEEP_INTERVAL_S = "0.5", FF_GRACE_S = "1" }
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with started_cluster(CLUSTER_TOML, tmp_path_factory.mktemp("ckc") / "state") as c:
+        c.wait_chains_serving(2)
+        yield c
+
+
+def _state(seed: int) -> dict[str, object]:
+    g = torch.Generator().manual_seed(seed)
+    model = torch.nn.Linear(64, 300)
+    with torch.no_grad():
+        model.weight.copy_(torch.randn(300, 64, generator=g))
+        model.bias.copy_(torch.randn(300, generator=g))
+    return {"model": model.state_dict(), "emb": torch.randn(700, 129, generator=g).to(torch.bfloat16),
+            "rng": np.random.default_rng(seed).standard_normal(1001), "step": seed}
+
+
+def _same(a: dict[str, object], b: dict[str, object]) -> bool:
+    return (all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])  # type: ignore[index, union-attr]
+            and torch.equal(a["emb"], b["emb"]) and np.array_equal(a["rng"], b["rng"])  # type: ignore[arg-type]
+            and a["step"] == b["step"])
+
+
+def test_saves_through_the_service_and_3fs_survive_a_killed_storage_node(cluster: LocalCluster) -> None:
+    token = cluster.user_token
+    fs: FileSystem = connect(state_dir=cluster.state_dir, token=token)
+    client = CheckpointClient(cluster.address("checkpoint"), token=token)
+    mgr = CheckpointManager("e2e", catalog=client, fs=fs, keep_last=2, shard_bytes=256 << 10)
+    try:
+        first = mgr.save(1, _state(1), blocking=True).result()
+        assert first.state is CkptState.COMMITTED and first.directory.startswith("/ckpt/e2e/")
+        manifest = decode_manifest(fs.read_bytes(f"{first.directory}/{MANIFEST_NAME}"))
+        assert manifest.id == first.id and manifest.world_size == 1
+        assert fs.stat(first.directory).uid == fs.stat("/ckpt/e2e").uid != 0  # the job's user owns it
+
+        victim = next(p for p in cluster.record.processes if p.instance == "storage-1")
+        os.kill(victim.pid, signal.SIGKILL)
+        for step in (2, 3, 4):
+            rec = mgr.save(step, _state(step)).result(timeout=120)
+            assert rec.state is CkptState.COMMITTED, rec
+        assert [r.step for r in client.list("e2e")] == [3, 4]  # keep_last=2 applied by the service
+        assert not fs.exists(first.directory)
+        assert _same(mgr.load(), _state(4)) and _same(mgr.load(step=3), _state(3))
+        # a second process's view: a fresh manager (another rank of a restarted job) loads the latest
+        other = CheckpointManager("e2e", catalog=client, fs=fs, rank=0, world_size=1)
+        try:
+            assert _same(other.load(), _state(4))
+        finally:
+            other.close()
+    finally:
+        mgr.close()
+        client.close()
+        fs.close()
