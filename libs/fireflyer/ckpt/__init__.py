@@ -25,7 +25,6 @@ from fireflyer.core.errors import FsError, NotFound
 from .catalog import Catalog, index_digest
 from .index import ShardFile, ShardIndex, TensorEntry, ValueEntry, decode_index, encode_index, index_name
 from .localfs import LocalFS
-from .manager import CheckpointManager
 from .model import (
     MANIFEST_NAME,
     CheckpointCommitted,
@@ -37,8 +36,21 @@ from .model import (
     decode_manifest,
 )
 from .shard import BatchFS, CheckpointCorrupted, ParallelFS, ShardLayout, pack, read_tensors, write_shards
-from .snapshot import Snapshot, Snapshotter, snapshot
 from .state import FlatState, flatten, select, unflatten
+
+# The manager and the snapshot import torch (seconds); they load on first use, so the
+# checkpoint service and ``ff ckpt``, which only need the catalog, start fast.
+_LAZY = {"CheckpointManager": ".manager", "Snapshot": ".snapshot", "Snapshotter": ".snapshot",
+         "snapshot": ".snapshot"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "flatten", "unflatten", "select", "FlatState",

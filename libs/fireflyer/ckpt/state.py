@@ -14,6 +14,7 @@ anything is written.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -24,10 +25,20 @@ from fireflyer.core.errors import InvalidArgument
 
 from .index import DictNode, Entry, LeafNode, ListNode, Node, TupleNode
 
-try:  # torch is optional: numpy-only states work without it
-    import torch
-except ImportError:  # pragma: no cover
-    torch = None  # type: ignore[assignment]
+
+def _loaded_torch() -> Any:
+    """torch if this process imported it, else None: a state can only hold torch tensors when
+    torch is loaded, so services that never see tensors (the checkpoint catalog) skip its
+    multi-second import, and numpy-only states work without torch installed."""
+    return sys.modules.get("torch")
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError as e:
+        raise InvalidArgument(f"this checkpoint holds torch tensors and torch is not installed: {e}") from None
+    return torch
 
 try:
     import ml_dtypes
@@ -112,8 +123,9 @@ def numpy_dtype(name: str) -> np.dtype:
 
 
 def torch_dtype(name: str) -> Any:
-    dt = getattr(torch, name, None) if torch is not None else None
-    if not isinstance(dt, torch.dtype if torch is not None else type(None)):
+    torch = _import_torch()
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
         raise InvalidArgument(f"torch has no dtype {name!r} (saved by a newer torch?)", dtype=name)
     return dt
 
@@ -121,7 +133,7 @@ def torch_dtype(name: str) -> Any:
 # -- flatten ---------------------------------------------------------------------------
 def check_tensor(path: str, t: Any) -> str:
     """Refuse what cannot be stored as plain bytes; returns the dtype's name (``"bfloat16"``)."""
-    if t.layout != torch.strided or t.is_quantized:  # sparse tensors have a non-strided layout
+    if t.layout != _loaded_torch().strided or t.is_quantized:  # sparse tensors have a non-strided layout
         raise InvalidArgument(f"{path or '<root>'}: only dense (strided) tensors can be checkpointed, "
                               f"got layout {t.layout}", path=path)
     name = _DTYPE_NAMES.get(t.dtype)
@@ -144,7 +156,7 @@ def _tensor_leaf(path: str, t: Any) -> TensorLeaf:
         t = t.resolve_neg()
     shape = tuple(t.shape)
     flat = t.contiguous().reshape(-1)
-    data = memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+    data = memoryview(flat.view(_loaded_torch().uint8).numpy()) if flat.numel() else memoryview(b"")
     return TensorLeaf(path, "torch", name, shape, data)
 
 
@@ -169,6 +181,7 @@ def flatten(state: Any, *, on_array: ArrayHook | None = None) -> FlatState:
     leaves: list[Leaf] = []
     seen: set[str] = set()
     active: set[int] = set()
+    torch = _loaded_torch()
 
     def claim(path: str) -> None:
         if path in seen:
