@@ -80,6 +80,7 @@ __all__ = ["DataPlane", "HeldTransfers"]
 log = get_logger(__name__)
 
 OnCorrupt = Callable[[TargetRuntime, ChunkId, ChunkCorrupted], None]
+Buffer = bytes | bytearray | memoryview
 
 
 class HeldTransfers:
@@ -89,14 +90,14 @@ class HeldTransfers:
         self.hold_s = hold_s
         self.max_bytes = max_bytes
         self._ids = itertools.count(1)
-        self._held: dict[int, tuple[float, str, bytearray]] = {}
+        self._held: dict[int, tuple[float, str, Buffer]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
         self.inflight = 0
         self.max_inflight = 0
         self.served = 0
 
-    def put(self, owner: str, data: bytearray) -> int:
+    def put(self, owner: str, data: Buffer) -> int:
         now = time.monotonic()
         with self._lock:
             for xid in [x for x, (exp, _, _) in self._held.items() if exp < now]:
@@ -110,7 +111,7 @@ class HeldTransfers:
             self._bytes += len(data)
             return xid
 
-    def take(self, xfer: int, owner: str) -> bytearray:
+    def take(self, xfer: int, owner: str) -> Buffer:
         with self._lock:
             entry = self._held.get(xfer)
             if entry is None or entry[1] != owner:
@@ -310,12 +311,9 @@ class DataPlane:
                              bytes=total, max_bytes=self.limits.max_bytes)
         xfer = 0
         if total:
-            buf = bytearray(total)
-            off = 0
-            for _, d in done:
-                buf[off : off + len(d)] = d
-                off += len(d)
-            xfer = self.held.put(_user(req), buf)
+            datas = [d for _, d in done if d]
+            # one I/O with data (every large read: a piece fills a batch) is held as read, uncopied
+            xfer = self.held.put(_user(req), datas[0] if len(datas) == 1 else b"".join(datas))
         req.reply(meta=to_meta(BatchReadReady(xfer=xfer, total=total, results=[r for r, _ in done])))
 
     def _rts_grant(self, req: ServerRequest) -> None:

@@ -7,6 +7,8 @@ groups pieces by node into ``stor.batch_read`` batches (128 I/Os / 4 MiB), runs 
 batches in parallel under the request-to-send limiter and fails over to another
 replica after an error or timeout, until its deadline.  A chunk that does not exist,
 or is shorter than asked, reads as zeros (a hole) up to the file length.
+:func:`read_pieces_into` receives every piece straight into its slice of the caller's
+buffer (one kernel copy from the socket, no bytes objects, no joins).
 
 Writes: pieces are grouped by the head of their chain's *node* and sent as
 ``stor.batch_write`` batches in parallel.  Every piece gets its own update channel
@@ -43,7 +45,7 @@ from fireflyer.storage.protocol import (
     to_meta,
 )
 
-__all__ = ["Piece", "WritePiece", "pieces_of", "read_pieces", "write_pieces"]
+__all__ = ["Piece", "WritePiece", "pieces_of", "read_pieces_into", "write_pieces"]
 
 Buffer = bytes | bytearray | memoryview
 _RETRY = (ChainVersionMismatch, NotHead, Unavailable, DeadlineExceeded)
@@ -76,18 +78,22 @@ def pieces_of(inode_id: int, layout: Layout, offset: int, length: int, max_piece
     return out
 
 
-def read_pieces(storage: StorageClient, pieces: Sequence[Piece]) -> list[bytes | FireFlyerError]:
-    """Each piece's bytes (zero-padded to its length: holes) or the error that ended it."""
+def read_pieces_into(storage: StorageClient, pieces: Sequence[Piece],
+                     dests: Sequence[memoryview]) -> list[FireFlyerError | None]:
+    """Read each piece into its ``dests`` buffer (``len == piece.length``); None = read.
+
+    Holes and bytes past a short chunk's end are zeroed here (the buffer may hold a failed
+    attempt's partial bytes, so "fresh buffers are zero" is not enough)."""
     ios = [ReadIo(chain_id=p.chain_id, chunk_id=p.chunk_id, offset=p.offset, length=p.length) for p in pieces]
-    out: list[bytes | FireFlyerError] = []
-    for p, r in zip(pieces, storage.batch_read(ios) if ios else [], strict=True):
+    out: list[FireFlyerError | None] = []
+    for p, dest, r in zip(pieces, dests, storage.batch_read(ios, into=dests) if ios else [], strict=True):
         if r.error is not None and not isinstance(r.error, NotFound):
             out.append(r.error)
-        elif r.error is not None or len(r.data) < p.length:
-            data = b"" if r.error is not None else r.data
-            out.append(data + bytes(p.length - len(data)))
-        else:
-            out.append(r.data)
+            continue
+        n = 0 if r.error is not None else len(r.data)
+        if n < p.length:
+            dest[n:] = bytes(p.length - n)
+        out.append(None)
     return out
 
 
@@ -101,6 +107,8 @@ def write_pieces(storage: StorageClient, pool: ThreadPoolExecutor, pieces: Seque
     deadline = time.monotonic() + deadline_s
     for attempt in itertools.count():
         by_node: dict[str, list[tuple[int, int]]] = {}
+        retry: list[int] = []
+        last: FireFlyerError | None = None
         for i in todo:
             try:
                 chain = storage.chain(pieces[i].chain_id)
@@ -109,6 +117,9 @@ def write_pieces(storage: StorageClient, pool: ThreadPoolExecutor, pieces: Seque
                 _, addr = storage.address(chain.head)
             except FireFlyerError as e:
                 results[i] = e
+                if isinstance(e, _RETRY):  # e.g. a chain newer than our routing: refresh and retry
+                    retry.append(i)
+                    last = e
                 continue
             by_node.setdefault(addr, []).append((i, chain.head))
         batches = []
@@ -142,8 +153,6 @@ def write_pieces(storage: StorageClient, pool: ThreadPoolExecutor, pieces: Seque
             res = msgspec.convert(reply.meta, BatchWriteReply).results
             return [(i, error_of(r)) for (i, _), r in zip(items, res, strict=True)]
 
-        retry: list[int] = []
-        last: FireFlyerError | None = None
         for fut in [pool.submit(send, b) for b in batches]:
             for i, err in fut.result():
                 results[i] = err

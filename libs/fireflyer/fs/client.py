@@ -71,6 +71,8 @@ class FsClientSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_parallel: int = 32
     #: the largest single read or write call
     max_io_bytes: int = 1 << 30
+    #: bytes a read-only handle read sequentially keeps in flight ahead of its reader (0: off)
+    readahead_bytes: int = 64 << 20
 
 
 class _Env(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,9 +84,13 @@ def load_client_settings(env: Mapping[str, str] | None = None) -> FsClientSettin
 
 
 class BatchResult(msgspec.Struct, frozen=True):
-    """One I/O of a batch: ``data`` (reads) or the number of bytes written, or the error."""
+    """One I/O of a batch: ``data`` (reads) or the number of bytes written, or the error.
 
-    data: bytes = b""
+    ``batch_read`` gives ``data`` as a ``bytearray`` of its own (writable, so a caller can build
+    tensors on it without another copy; ``== b"..."`` works as for bytes); ``batch_write``
+    leaves it ``b""``."""
+
+    data: bytes | bytearray = b""
     written: int = 0
     error: Exception | None = None
 
@@ -342,14 +348,18 @@ class FileSystem:
         return self.storage.limits.max_bytes
 
     def _read_range(self, inode_id: int, layout: Layout, offset: int, length: int, path: str) -> bytes:
-        pieces = _batch.pieces_of(inode_id, layout, offset, length, self._max_piece())
         out = bytearray(length)
-        for p, got in zip(pieces, _batch.read_pieces(self.storage, pieces), strict=True):
-            if isinstance(got, Exception):
-                got.fields.setdefault("path", path)
-                raise got
-            out[p.at:p.at + p.length] = got
+        self._read_range_into(inode_id, layout, offset, memoryview(out), path)
         return bytes(out)
+
+    def _read_range_into(self, inode_id: int, layout: Layout, offset: int, dest: memoryview, path: str) -> None:
+        """Fill ``dest`` with the file's bytes at ``offset`` (holes as zeros); all pieces in flight at once."""
+        pieces = _batch.pieces_of(inode_id, layout, offset, len(dest), self._max_piece())
+        errs = _batch.read_pieces_into(self.storage, pieces, [dest[p.at:p.at + p.length] for p in pieces])
+        for err in errs:
+            if err is not None:
+                err.fields.setdefault("path", path)
+                raise err
 
     def _write_range(self, inode_id: int, layout: Layout, offset: int, data: memoryview, path: str) -> None:
         pieces = [_batch.WritePiece(p.chain_id, p.chunk_id, p.offset, layout.chunk_size,
@@ -405,37 +415,35 @@ class FileSystem:
     def batch_read(self, ios: Sequence[tuple[str | File, int, int]]) -> list[BatchResult]:
         """Read many ``(path or File, offset, length)`` at once (short at EOF); one result per I/O.
 
-        All I/Os' chunk pieces are grouped by chain and node and read concurrently (see :mod:`.batch`)."""
+        All I/Os' chunk pieces are grouped by chain and node and read concurrently, each received
+        straight into its I/O's result buffer (see :mod:`.batch`); ``data`` is a ``bytearray``."""
         for i, (t, off, n) in enumerate(ios):
             self._check_target(t, i)
             check_range(off, n, what=f"batch_read item {i}", limit=self.settings.max_io_bytes)
         resolved = self._inodes([t for t, _, _ in ios], os.O_RDONLY)
         pieces: list[_batch.Piece] = []
-        spans: list[tuple[int, int, int]] = []  # (first piece, piece count, bytes)
+        dests: list[memoryview] = []
+        spans: list[tuple[int, int, bytearray]] = []  # (first piece, piece count, result buffer)
         for (_, off, n), r in zip(ios, resolved, strict=True):
             if isinstance(r, Exception):
-                spans.append((len(pieces), 0, -1))
+                spans.append((len(pieces), 0, bytearray()))
                 continue
             _, inode = r
             assert inode.layout is not None
-            n = max(0, min(off + n, inode.length) - off)
-            ps = _batch.pieces_of(inode.id, inode.layout, off, n, self._max_piece())
-            spans.append((len(pieces), len(ps), n))
+            buf = bytearray(max(0, min(off + n, inode.length) - off))
+            ps = _batch.pieces_of(inode.id, inode.layout, off, len(buf), self._max_piece())
+            spans.append((len(pieces), len(ps), buf))
             pieces.extend(ps)
-        got = _batch.read_pieces(self.storage, pieces)
+            dests.extend(memoryview(buf)[p.at:p.at + p.length] for p in ps)
+        errs = _batch.read_pieces_into(self.storage, pieces, dests)
+        del dests  # views pin a bytearray's size: none may outlive the call (callers may resize theirs)
         out: list[BatchResult] = []
-        for (start, count, n), r in zip(spans, resolved, strict=True):
+        for (start, count, buf), r in zip(spans, resolved, strict=True):
             if isinstance(r, Exception):
                 out.append(BatchResult(error=r))
                 continue
-            buf = bytearray(n)
-            err: Exception | None = None
-            for p, g in zip(pieces[start:start + count], got[start:start + count], strict=True):
-                if isinstance(g, Exception):
-                    err = g
-                    break
-                buf[p.at:p.at + p.length] = g
-            out.append(BatchResult(error=err) if err else BatchResult(data=bytes(buf)))
+            err = next((e for e in errs[start:start + count] if e is not None), None)
+            out.append(BatchResult(error=err) if err else BatchResult(data=buf))
         return out
 
     def batch_write(self, ios: Sequence[tuple[str | File, int, Buffer]]) -> list[BatchResult]:

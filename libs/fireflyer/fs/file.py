@@ -16,6 +16,10 @@ handle; others see it after the next periodic report (``report_interval_s``), on
 ``flush_length()``/``fsync()`` or on ``close()``, which sets the exact length (see
 :mod:`.length`).  Reads past the end return short; holes read as zeros.
 
+**Readahead.**  A read-only handle read sequentially (``pread`` at the offset where the last
+read ended, ``read``/``readinto`` loops) keeps the next reads in flight (:mod:`.readahead`,
+``fs.readahead_bytes``); ``readinto`` receives straight into the caller's buffer otherwise.
+
 **Truncate** goes through meta by *path* (meta has no truncate-by-inode), so a
 handle whose file was renamed since open truncates whatever is at the old path now.
 Appending handles (``"ab"``) write every ``write()`` at the current size.
@@ -29,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from fireflyer.core.errors import FsError, InvalidArgument
 from fireflyer.meta import Inode, Layout
+
+from .readahead import Readahead
 
 if TYPE_CHECKING:
     from .client import FileSystem
@@ -69,6 +75,9 @@ class File(io.RawIOBase):
         self._len_lock = threading.Lock()  # orders length reports against truncates
         if writable:
             fs.lengths.register(self)
+        window = fs.settings.readahead_bytes
+        self._ra = (Readahead(self._fetch, fs._pool.submit, window=window)
+                    if readable and not writable and window > 0 else None)
 
     # -- io.RawIOBase ---------------------------------------------------------------------
     def readable(self) -> bool:
@@ -108,10 +117,12 @@ class File(io.RawIOBase):
 
     def readinto(self, b: Any) -> int:
         view = memoryview(b).cast("B")
-        data = self.pread(len(view), self._pos)
-        view[: len(data)] = data
-        self._pos += len(data)
-        return len(data)
+        n = self._clamp(len(view), self._pos)
+        got = self._ra.read(self._pos, n, self.size(), into=view) if self._ra is not None and n else None
+        if got is None and n:
+            self._fs._read_range_into(self.inode_id, self.layout, self._pos, view[:n], self.name)
+        self._pos += n
+        return n
 
     def readall(self) -> bytes:
         data = self.pread(max(0, self.size() - self._pos), self._pos)
@@ -143,6 +154,8 @@ class File(io.RawIOBase):
         if self.closed:
             return
         try:
+            if self._ra is not None:
+                self._ra.close()
             if self._writable:
                 self.fsync()
         finally:
@@ -156,16 +169,26 @@ class File(io.RawIOBase):
             self._meta_len = self._fs._stat_inode(self.inode_id).length
         return max(self._meta_len, self._hi)
 
-    def pread(self, length: int, offset: int) -> bytes:
-        """Up to ``length`` bytes at ``offset`` (short at the end of the file; holes are zeros)."""
+    def _clamp(self, length: int, offset: int) -> int:
+        """Check a read and cut it at the file's size: the bytes it will return."""
         self._need(read=True)
         check_range(offset, length, what=f"read {self.name}", limit=self._fs.settings.max_io_bytes)
         end = offset + length
         if end > self.size():
             self.size(refresh=True)  # another writer may have grown it
-        n = max(0, min(end, self.size()) - offset)
+        return max(0, min(end, self.size()) - offset)
+
+    def _fetch(self, offset: int, dest: memoryview) -> None:
+        self._fs._read_range_into(self.inode_id, self.layout, offset, dest, self.name)
+
+    def pread(self, length: int, offset: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` (short at the end of the file; holes are zeros)."""
+        n = self._clamp(length, offset)
         if n == 0:
             return b""
+        got = self._ra.read(offset, n, self.size()) if self._ra is not None else None
+        if isinstance(got, bytes):
+            return got
         return self._fs._read_range(self.inode_id, self.layout, offset, n, self.name)
 
     def pwrite(self, data: Buffer, offset: int) -> int:

@@ -23,6 +23,8 @@ What it does, and no more (the fs client builds layouts, sessions and caching on
 - **Request-to-send**: every read is a ``stor.batch_read`` (statuses) followed, for the
   bytes, by ``stor.rts_grant`` taken under a :class:`SendLimiter` token, so at most
   ``total`` servers (``per_server`` per server) send to this client at once.
+- **Into the caller's buffers**: ``batch_read(ios, into=views)`` receives each I/O's bytes
+  straight into its view (the fs client's file and batch reads), checking the CRC there.
 - **Batches** are split by :class:`~.protocol.BatchLimits` (128 I/Os / 4 MiB) per node.
 
 Every call is bounded by ``retry_deadline_s``; requests by ``request_timeout_s``.
@@ -50,7 +52,15 @@ from fireflyer.wire import Connection, Reply
 from .checksum import crc32c
 from .chunkid import ChunkId, split_range
 from .craq import ReadReq, WriteAck, WriteReq
-from .errors import ChainVersionMismatch, ChunkCorrupted, NotCommitted, NotHead, NotServing, StorageError
+from .errors import (
+    BadRequest,
+    ChainVersionMismatch,
+    ChunkCorrupted,
+    NotCommitted,
+    NotHead,
+    NotServing,
+    StorageError,
+)
 from .protocol import (
     OP_BATCH_READ,
     OP_RTS_GRANT,
@@ -182,7 +192,9 @@ class ReadIo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ReadResult(msgspec.Struct, frozen=True, kw_only=True):
-    data: bytes = b""
+    """One read I/O: ``data`` is ``bytes``, or a view of the caller's buffer for reads ``into`` one."""
+
+    data: Buffer = b""
     error: FireFlyerError | None = None
     version: int = 0
     target: int = 0
@@ -313,29 +325,45 @@ class StorageClient:
         pieces = list(split_range(offset, length, chunk_size))
         ios = [ReadIo(chain_id=chain_of(i), chunk_id=ChunkId(inode, track, i), offset=inner, length=n)
                for i, inner, n, _ in pieces]
-        out = bytearray(length)
-        for (_, _, _n, at), r in zip(pieces, self.batch_read(ios), strict=True):
+        out = bytearray(length)  # zeros: a chunk shorter than asked reads as a hole
+        view = memoryview(out)
+        for r in self.batch_read(ios, into=[view[at:at + n] for _, _, n, at in pieces]):
             if r.error is not None:
                 raise r.error
-            out[at:at + len(r.data)] = r.data  # a chunk shorter than asked reads as zeros (a hole)
         return bytes(out)
 
-    def batch_read(self, ios: Sequence[ReadIo]) -> list[ReadResult]:
-        """Read many I/Os; each result holds data or the error that ended its retries."""
+    def batch_read(self, ios: Sequence[ReadIo], into: Sequence[memoryview] | None = None) -> list[ReadResult]:
+        """Read many I/Os; each result holds data or the error that ended its retries.
+
+        Every batch (per node, see :class:`~.protocol.BatchLimits`) runs in parallel on the
+        client's threads, so a long list keeps many requests in flight (request-to-send still
+        bounds the servers sending at once).  ``into``: one writable byte buffer per I/O, at least
+        as long as the I/O; the payload is then received straight into it (no intermediate copy
+        when the I/O is alone in its batch, as every chunk-sized piece is) and a result's ``data``
+        is a view of its first bytes, shorter than the buffer at a chunk's end (the rest is left
+        as it was).  Without ``into``, ``data`` is ``bytes``."""
+        if into is not None and len(into) != len(ios):
+            raise ValueError(f"batch_read: {len(into)} buffers for {len(ios)} I/Os")
         results: list[ReadResult | None] = [None] * len(ios)
         tried: list[set[int]] = [set() for _ in ios]
         todo = list(range(len(ios)))
         deadline = time.monotonic() + self.retry_deadline_s
+        retryable = (Unavailable, DeadlineExceeded, ChainVersionMismatch, ChunkCorrupted)
         for attempt in itertools.count():
             retry: list[int] = []
             last: FireFlyerError | None = None
+            for i in todo:
+                results[i] = None
             batches = self._plan(ios, todo, tried, results)
-            futs = [self._exec.submit(self._one_batch, b, ios) for b in batches]
+            for i in todo:  # not planned: e.g. a chain newer than our routing (NotServing): refresh, retry
+                r = results[i]
+                if r is not None and r.target == 0 and isinstance(r.error, retryable):
+                    retry.append(i)
+                    last = r.error
+            futs = [self._exec.submit(self._one_batch, b, ios, into) for b in batches]
             for f in futs:
                 for i, res in f.result():
-                    retryable = isinstance(res.error, Unavailable | DeadlineExceeded | ChainVersionMismatch |
-                                           ChunkCorrupted)
-                    if res.error is not None and retryable:
+                    if res.error is not None and isinstance(res.error, retryable):
                         if not isinstance(res.error, NotCommitted):
                             tried[i].add(res.target)
                         results[i], last = res, res.error
@@ -384,8 +412,8 @@ class StorageClient:
             out.append((node, addr, batch))
         return out
 
-    def _one_batch(self, batch: tuple[str, str, list[tuple[int, int]]],
-                   ios: Sequence[ReadIo]) -> list[tuple[int, ReadResult]]:
+    def _one_batch(self, batch: tuple[str, str, list[tuple[int, int]]], ios: Sequence[ReadIo],
+                   into: Sequence[memoryview] | None) -> list[tuple[int, ReadResult]]:
         node, addr, items = batch
         msgs = []
         for i, t in items:
@@ -397,8 +425,10 @@ class StorageClient:
             ready = msgspec.convert(self._call(addr, OP_BATCH_READ, meta=to_meta(BatchReadMsg(ios=msgs))).meta,
                                     BatchReadReady)
             data = memoryview(b"")
+            # alone in its batch, the payload lands in the caller's buffer; else in one scratch buffer
+            direct = (into is not None and len(items) == 1 and ready.total <= len(into[items[0][0]]))
             if ready.xfer:
-                buf = bytearray(ready.total)
+                buf = into[items[0][0]][:ready.total] if into is not None and direct else bytearray(ready.total)
                 with self.limiter.token(node):  # request-to-send: the server sends only now
                     self._call(addr, OP_RTS_GRANT, meta=to_meta(RtsGrant(xfer=ready.xfer)), into=buf)
                 data = memoryview(buf)
@@ -406,18 +436,31 @@ class StorageClient:
             return [(i, ReadResult(error=e, target=t)) for i, t in items]
         out, off = [], 0
         for (i, t), r in zip(items, ready.results, strict=True):
-            out.append((i, self._result(r, t, data[off:off + r.length])))
+            dest = None if into is None else into[i]
+            out.append((i, self._result(r, t, data[off:off + r.length], dest, direct)))
             off += r.length
         return out
 
     @staticmethod
-    def _result(r: IoResult, target: int, data: memoryview) -> ReadResult:
+    def _result(r: IoResult, target: int, data: memoryview, dest: memoryview | None, landed: bool) -> ReadResult:
+        """Check one I/O's bytes against the CRC the server computed (in-transit corruption) and
+        hand them over: as ``bytes``, or in ``dest`` (already there when ``landed``)."""
         err = error_of(r)
         if err is None and crc32c(data) != r.crc:
             err = ChunkCorrupted(f"read data from target {target} fails its CRC32C in transit", target=target)
+        if err is None and dest is not None and len(data) > len(dest):
+            err = BadRequest(f"target {target} returned {len(data)} bytes for a {len(dest)}-byte buffer",
+                             target=target, length=len(data), buffer=len(dest))
         if err is not None:
             return ReadResult(error=err, target=target)
-        return ReadResult(data=bytes(data), version=r.version, target=target, uncommitted=r.uncommitted)
+        if dest is None:
+            got: Buffer = bytes(data)
+        elif landed:
+            got = data
+        else:
+            dest[:len(data)] = data
+            got = dest[:len(data)]
+        return ReadResult(data=got, version=r.version, target=target, uncommitted=r.uncommitted)
 
 
 class MgmtdRouting:
