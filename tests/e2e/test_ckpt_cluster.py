@@ -105,3 +105,24 @@ def test_saves_through_the_service_and_3fs_survive_a_killed_storage_node(cluster
         mgr.close()
         client.close()
         fs.close()
+
+
+def test_dcp_save_and_load_through_3fs(cluster: LocalCluster) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from fireflyer.ckpt.dcp import METADATA_NAME, FFStorageReader, FFStorageWriter
+
+    fs = connect(state_dir=cluster.state_dir, token=cluster.user_token)
+    try:
+        fs.mkdir("/ckpt/dcp-e2e", parents=True, exist_ok=True)
+        src = _state(7)
+        sd = {"model": src["model"], "emb": src["emb"], "step": 7}
+        dcp.save(sd, storage_writer=FFStorageWriter("/ckpt/dcp-e2e/s7", fs=fs))
+        assert fs.exists(f"/ckpt/dcp-e2e/s7/{METADATA_NAME}")
+        target = {"model": {k: torch.zeros_like(v) for k, v in src["model"].items()},  # type: ignore[union-attr]
+                  "emb": torch.zeros_like(src["emb"]), "step": 0}  # type: ignore[arg-type]
+        dcp.load(target, storage_reader=FFStorageReader("/ckpt/dcp-e2e/s7", fs=fs))
+        assert all(torch.equal(target["model"][k], v) for k, v in src["model"].items())  # type: ignore[union-attr]
+        assert torch.equal(target["emb"], src["emb"]) and target["step"] == 7  # type: ignore[arg-type]
+    finally:
+        fs.close()
