@@ -1,10 +1,11 @@
 """``ff demo``: bring a local cluster up, show it working, bring it down.
 
-Until the first real services land the demo shows the foundation: ``ff up``
-(nats-server and the diagnostic echo services), ``ff status``, one
-authenticated echo call that publishes a NATS event, and the one trace that
-followed the call from this CLI through a service and NATS into every echo
-instance, read back from the cluster's span file after ``ff down`` flushed it.
+``ff up`` of the default cluster (deploy/local.toml), ``ff status``, one
+authenticated echo call that publishes a NATS event, a small training loop that
+checkpoints through the checkpoint service into 3FS and loads the latest back
+(:mod:`.demo_ckpt`), ``ff down``, and the one trace that followed the echo call
+from this CLI through a service and NATS into every echo instance, read back
+from the cluster's span file after ``ff down`` flushed it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def trace_tree(spans: Sequence[Any], trace_id: str) -> list[str]:
 
 
 def run_demo(*, state_dir: Path, config: Path, console: Any) -> int:
+    from fireflyer.cli.demo_ckpt import checkpoint_demo
     from fireflyer.cli.echo import call_echo, resolve_target
     from fireflyer.cluster import supervisor
     from fireflyer.cluster.records import StatePaths
@@ -72,6 +74,10 @@ def run_demo(*, state_dir: Path, config: Path, console: Any) -> int:
         trace_id, reply = asyncio.run(call())
         console.print(f"reply: {reply.text!r} for user {reply.user} (roles {', '.join(reply.roles)})")
         console.print(f"trace id: {trace_id} (the service saw {reply.trace_id})")
+
+        console.rule("[bold]checkpoints (a training loop saves through the checkpoint service into 3FS)")
+        if not checkpoint_demo(state_dir, console):
+            rc = 1
         shutdown_tracing()
     finally:
         console.rule("[bold]ff down")
@@ -86,7 +92,7 @@ def run_demo(*, state_dir: Path, config: Path, console: Any) -> int:
     if len(instances) < 2:
         console.print("[red]the trace did not cross processes[/red]")
         return 1
-    return down_rc
+    return rc or down_rc
 
 
 def _cmd(ns: argparse.Namespace) -> int:
