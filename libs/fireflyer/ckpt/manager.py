@@ -255,11 +255,19 @@ class CheckpointManager:
                                   checkpoint=rec.id, rank=rank)
         path = f"{rec.directory}/{index_name(src)}"
         try:
-            index = decode_index(self.fs.read_bytes(path))
+            data = self.fs.read_bytes(path)
         except FsError as e:
             raise CheckpointCorrupted(f"checkpoint {rec.id} (job {rec.job}, step {rec.step}) is committed but "
                                       f"rank {src}'s index {path} cannot be read: {e}", checkpoint=rec.id,
                                       step=rec.step, path=path) from e
+        # the index is what every tensor's offset and CRC come from: check it against the digest
+        # its rank committed before trusting any of it
+        want = next((s.index_digest for s in self.catalog.shards(rec.id) if s.rank == src), None)
+        if want is not None and index_digest(data) != want:
+            raise CheckpointCorrupted(f"checkpoint {rec.id} (job {rec.job}, step {rec.step}): rank {src}'s index "
+                                      f"{path} does not match the digest committed for it; restore an older "
+                                      "checkpoint", checkpoint=rec.id, step=rec.step, path=path)
+        index = decode_index(data)
         keys = None if keys is None else list(keys)
         try:
             leaves = read_tensors(self._pfs, rec.directory, index, keys, map_location)

@@ -195,6 +195,17 @@ def test_corrupted_shard_names_tensor_and_checkpoint(mgr, tmp_path):
     assert_same(nested_state()["np"], mgr.load(keys=["np"])["np"])  # the intact part still loads
 
 
+def test_corrupted_index_is_caught_by_its_committed_digest(mgr, tmp_path):
+    rec = mgr.save(1, nested_state(), blocking=True).result()
+    path = tmp_path / rec.directory.lstrip("/") / index_name(0)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01  # still decodes, or not: either way it is not what rank 0 committed
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorrupted, match="does not match the digest") as err:
+        mgr.load()
+    assert err.value.checkpoint == rec.id and rec.id in str(err.value)
+
+
 def test_maybe_save_interval_with_manual_clock(tmp_path):
     clock = ManualClock()
     with CheckpointManager("iv", root=tmp_path, interval_s=10, clock=clock) as m:
