@@ -4,10 +4,16 @@
 
 What is measured is what users get: the full service path.  For each backend
 (SQLite always; PostgreSQL when ``--pg-dsn`` or ``FF_TEST_PG_DSN`` is given) the
-bench starts ``--replicas`` meta processes (``python -m services.meta``) on a temp
-state dir, exactly as ``ff up`` configures them (auth, span file, JSON logs), and
-``--clients`` client *processes* (one ``MetaClient`` each, one call in flight)
-run the ops in phases separated by a barrier:
+bench starts ``--replicas`` meta processes (``python -m services.meta``; default 2,
+as ``deploy/local.toml`` runs them, all on one KV) on a temp state dir, exactly as
+``ff up`` configures them (auth, span file, JSON logs, default trace sampling),
+and ``--clients`` clients (one ``MetaClient`` each, one call in flight) spread over
+``--client-procs`` processes.  The default is one process per 4 clients (2 for 8):
+a meta service's clients are FUSE daemons and training processes that each carry
+several concurrent callers, and on a small machine a process per client mostly
+measures 8 event loops competing with the servers for 2 cores.  The JSON says how
+many replicas and client processes were used.  The ops run in phases separated
+by a barrier:
 
 - ``create``: ``create(O_CREAT|O_EXCL)`` of ``--count`` new files in the client's
   own directory; ``stat``: stat each; ``rename``: rename each within the directory;
@@ -46,6 +52,14 @@ __all__ = ["main", "run_bench", "bench_local_fs", "bench_service", "ALL_OPS", "G
 ALL_OPS = ("mkdir", "create", "stat", "rename", "readdir", "unlink")
 GOAL_CREATES_STATS_PER_S = 2000.0
 PAGE = 128
+#: deploy/local.toml runs two meta replicas
+DEFAULT_REPLICAS = 2
+#: concurrent callers per client process when --client-procs is not given
+CLIENTS_PER_PROC = 4
+
+
+def default_client_procs(clients: int) -> int:
+    return max(1, -(-clients // CLIENTS_PER_PROC))
 
 
 def _git_sha() -> str | None:
@@ -236,10 +250,10 @@ def _client_proc(ids: list[int], addresses: list[str], token: str, ops: list[str
 
 
 def bench_service(kv_url: str, state_dir: Path, *, clients: int, ops: Sequence[str], count: int,
-                  replicas: int = 1, client_procs: int | None = None, env: dict[str, str] | None = None
-                  ) -> dict[str, Any]:
+                  replicas: int = DEFAULT_REPLICAS, client_procs: int | None = None,
+                  env: dict[str, str] | None = None) -> dict[str, Any]:
     """Start ``replicas`` meta processes on ``kv_url`` and drive them with ``clients`` clients
-    spread over ``client_procs`` processes (default: one process per client)."""
+    spread over ``client_procs`` processes (default: :func:`default_client_procs`)."""
     from fireflyer.rpc import TokenEntry, generate_token, write_tokens_file
     from fireflyer.testing.services import ServiceProcess
 
@@ -266,7 +280,7 @@ def bench_service(kv_url: str, state_dir: Path, *, clients: int, ops: Sequence[s
         server_cpu0 = [_proc_cpu_s(p.pid) for p in procs]
         clients_cpu0 = _children_cpu_s()
         ctx = mp.get_context("spawn")
-        nprocs = min(client_procs or clients, clients)
+        nprocs = min(client_procs or default_client_procs(clients), clients)
         barrier = ctx.Barrier(nprocs)
         results = ctx.Queue()
         addresses = [p.address for p in procs]
@@ -342,7 +356,8 @@ def _bench_backend(name: str, url: str, root: Path, anchor: dict[str, float], *,
 
 
 def run_bench(*, clients: int = 8, ops: Sequence[str] = ("create", "stat", "rename", "readdir"), count: int = 500,
-              pg_dsn: str | None = None, replicas: int = 1, client_procs: int | None = None, direct: bool = True,
+              pg_dsn: str | None = None, replicas: int = DEFAULT_REPLICAS, client_procs: int | None = None,
+              direct: bool = True,
               progress: Callable[[str], None] = lambda s: None
               ) -> dict[str, Any]:
     """Run every backend and the anchor; one dict (see the module doc)."""
@@ -374,6 +389,8 @@ def run_bench(*, clients: int = 8, ops: Sequence[str] = ("create", "stat", "rena
         "count_per_client": count,
         "ops": list(ops),
         "path": "grpc MetaClient -> services.meta (processes) -> MetaStore -> KV",
+        "replicas": replicas,
+        "client_processes": min(client_procs or default_client_procs(clients), clients),
         "backends": backends,
         "anchor": {"name": "local_fs", **anchor},
         "goal": {"what": "creates+stats per second, SQLite, 8 clients", "target": GOAL_CREATES_STATS_PER_S,
@@ -389,9 +406,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--ops", default="create,stat,rename,readdir", help=f"comma list of {','.join(ALL_OPS)}")
     p.add_argument("--count", type=int, default=500, help="ops per client per op (default 500)")
-    p.add_argument("--replicas", type=int, default=1, help="meta processes sharing the KV (default 1)")
+    p.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS,
+                   help=f"meta processes sharing the KV (default {DEFAULT_REPLICAS}, as deploy/local.toml)")
     p.add_argument("--client-procs", type=int, default=None,
-                   help="processes the clients are spread over (default: one per client)")
+                   help=f"processes the clients are spread over (default: one per {CLIENTS_PER_PROC} clients)")
     p.add_argument("--pg-dsn", default=None, help="also run on PostgreSQL (default $FF_TEST_PG_DSN if set)")
     p.add_argument("--no-direct", dest="direct", action="store_false",
                    help="skip the in-process MetaStore run (the no-gRPC ceiling)")
@@ -401,8 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = set(ops) - set(ALL_OPS)
     if unknown or not ops:
         p.error(f"unknown ops {sorted(unknown)}; known: {', '.join(ALL_OPS)}")
-    if ns.clients < 1 or ns.count < 1 or ns.replicas < 1:
-        p.error("--clients, --count and --replicas must be >= 1")
+    if ns.clients < 1 or ns.count < 1 or ns.replicas < 1 or (ns.client_procs is not None and ns.client_procs < 1):
+        p.error("--clients, --count, --replicas and --client-procs must be >= 1")
     dsn = ns.pg_dsn or os.environ.get("FF_TEST_PG_DSN") or None
     result = run_bench(clients=ns.clients, ops=ops, count=ns.count, pg_dsn=dsn, replicas=ns.replicas,
                        client_procs=ns.client_procs, direct=ns.direct,

@@ -17,15 +17,50 @@ CLIENT span, and fails with the FireFlyerError the server raised (see
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import grpc
+from grpc.aio._channel import Channel as _AioChannel
 
 from fireflyer.core.config import RpcSettings
 
-from .interceptors import client_interceptors
+from .calls import TypedUnaryUnaryCall
+from .interceptors import UnaryUnaryCaller, client_interceptors
 from .options import common_options
 
 __all__ = ["connect", "channel_options"]
+
+
+class _UnaryUnaryMultiCallable(grpc.aio.UnaryUnaryMultiCallable):  # type: ignore[misc]
+    """A stub method: grpc's plain multicallable, called through :class:`UnaryUnaryCaller`."""
+
+    __slots__ = ("_inner", "_method", "_caller")
+
+    def __init__(self, inner: Any, method: str, caller: UnaryUnaryCaller) -> None:
+        self._inner = inner
+        self._method = method
+        self._caller = caller
+
+    def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None,
+                 credentials: Any = None, wait_for_ready: bool | None = None,
+                 compression: Any = None) -> TypedUnaryUnaryCall:
+        return self._caller.call(self._inner, self._method, request, timeout, metadata, credentials=credentials,
+                                 wait_for_ready=wait_for_ready, compression=compression)
+
+
+class _Channel(_AioChannel):  # type: ignore[misc]
+    """grpc.aio's channel whose unary-unary methods skip grpc's interceptor machinery
+    (the other arities keep :class:`~fireflyer.rpc.interceptors.ClientInterceptor`)."""
+
+    def __init__(self, target: str, options: list[tuple[str, int]], caller: UnaryUnaryCaller,
+                 interceptors: list[Any]) -> None:
+        super().__init__(target, options, None, None, interceptors)
+        self._ff_caller = caller
+
+    def unary_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                    _registered_method: bool | None = False) -> Any:
+        inner = super().unary_unary(method, request_serializer, response_deserializer, _registered_method)
+        return _UnaryUnaryMultiCallable(inner, method, self._ff_caller)
 
 
 def channel_options(settings: RpcSettings) -> list[tuple[str, int]]:
@@ -50,5 +85,6 @@ def connect(address: str, *, token: str | None = None, settings: RpcSettings | N
     if token is None:
         token = os.environ.get("FF_TOKEN") or None
     deadline = settings.default_deadline_s if settings.default_deadline_s > 0 else None
-    interceptors = client_interceptors(target=address, token=token, default_timeout_s=deadline)
-    return grpc.aio.insecure_channel(address, options=channel_options(settings), interceptors=interceptors)
+    interceptors = client_interceptors(target=address, token=token, default_timeout_s=deadline, unary_unary=False)
+    caller = UnaryUnaryCaller(target=address, token=token, default_timeout_s=deadline)
+    return _Channel(address, channel_options(settings), caller, interceptors)

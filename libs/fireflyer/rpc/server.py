@@ -9,7 +9,8 @@
 Every server gets keepalive and message-size limits from :class:`RpcSettings`,
 serves ``grpc.health.v1.Health`` and server reflection (both callable without
 a token), and runs :class:`~fireflyer.rpc.interceptors.ServerInterceptor`
-(tracing, auth, error mapping, one log line per call).
+(tracing, auth, error mapping, the call log), with every service served through
+its generic handler (see :class:`_GenericHandlersOnly`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from fireflyer.core.config import RpcSettings
 from fireflyer.core.errors import FailedPrecondition, SettingsError, Unavailable
@@ -45,6 +46,30 @@ def server_options(settings: RpcSettings) -> list[tuple[str, int]]:
         # port would silently share it; we want the bind to fail instead
         ("grpc.so_reuseport", 0),
     ]
+
+
+class _GenericHandlersOnly:
+    """The server as generated ``add_*_to_server`` functions see it: generic handlers only.
+
+    Generated code registers each service twice, as a generic handler and as
+    "registered methods".  grpc.aio keeps one pending request task per registered
+    method and, for every call, waits on all of them with ``asyncio.wait``: with
+    the ~20 methods of the meta service that wait was about a fifth of the
+    server's CPU per call.  The generic handler serves the same methods through
+    one request loop, and the interceptor caches the handler lookup per method.
+    """
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service_name: str, method_handlers: Any) -> None:
+        pass  # the generic handler added with them serves the same methods
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
 
 
 class RpcServer:
@@ -87,12 +112,15 @@ class RpcServer:
         interceptor = ServerInterceptor(tokens=self.tokens, auth_enabled=self.auth_enabled,
                                         inflight=self._inflight)
         server = grpc.aio.server(interceptors=[interceptor], options=server_options(self.settings))
+        target = _GenericHandlersOnly(server)
         for add_fn, servicer, _ in self._servicers:
-            add_fn(servicer, server)
+            add_fn(servicer, target)
         self._health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection(
-            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, target)
+        # what reflection.enable_server_reflection does for an aio server (it type-checks the server)
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+            reflection.aio.ReflectionServicer([*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]),
+            target)
 
         want = f"{self.settings.host}:{self.settings.port}"
         try:

@@ -9,10 +9,12 @@
 Export goes to OTLP/gRPC when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or the
 ``telemetry.otlp_endpoint`` setting) is set, and otherwise to a JSON-lines span
 file (``<state_dir>/spans.jsonl`` unless ``telemetry.span_file`` says otherwise)
-that ``ff`` and tests read back.  Trace context travels as W3C ``traceparent``.
+that ``ff`` and tests read back.  Trace context travels as W3C ``traceparent``.  Sampling is parent-based; RPCs
+from callers that do not trace are recorded at a ratio (``sampling.py``).
 """
 
 from .propagation import extract, inject, trace_id_hex
+from .sampling import DEFAULT_UNTRACED_SERVER_RATIO, UntracedServerRatio, default_sampler
 from .setup import setup_tracing, shutdown_tracing, tracer, tracing_configured
 from .spanfile import JsonLinesSpanExporter, read_spans
 
@@ -26,4 +28,7 @@ __all__ = [
     "trace_id_hex",
     "JsonLinesSpanExporter",
     "read_spans",
+    "default_sampler",
+    "UntracedServerRatio",
+    "DEFAULT_UNTRACED_SERVER_RATIO",
 ]

@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from fireflyer.core.config import TelemetrySettings
 from fireflyer.core.log import get_logger
 
+from .sampling import default_sampler
 from .spanfile import JsonLinesSpanExporter
 
 __all__ = ["setup_tracing", "shutdown_tracing", "tracer", "tracing_configured"]
@@ -35,7 +36,9 @@ def setup_tracing(
     """Install this process's tracer provider (first call wins; later calls return it).
 
     Returns None when telemetry is disabled.  ``batch=False`` exports each span
-    as it ends (tests and short CLI runs).
+    as it ends (tests and short CLI runs).  Which spans are recorded: see
+    :mod:`fireflyer.telemetry.sampling` (parent-based; RPCs from callers that do
+    not trace are sampled).
     """
     global _provider
     settings = settings or TelemetrySettings()
@@ -46,7 +49,7 @@ def setup_tracing(
         if not settings.enabled:
             return None
         resource = Resource.create({"service.name": service, "service.instance.id": instance})
-        provider = TracerProvider(resource=resource)
+        provider = TracerProvider(resource=resource, sampler=default_sampler(environ))
         endpoint = settings.otlp_endpoint or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         if endpoint:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter

@@ -22,3 +22,12 @@ def test_bench_meta_prints_one_json_object() -> None:
     assert sqlite["store_direct"]["ops_per_s"]["create"] > 0
     assert doc["goal"]["target"] == 2000 and doc["goal"]["measured"] == sqlite["creates_stats_per_s"]
     assert doc["cpu_count"] >= 1 and "git_sha" in doc and "postgres" not in doc["backends"]
+    # the set-up is part of the figure: two replicas (as deploy/local.toml), one client process as asked
+    assert (doc["replicas"], doc["client_processes"]) == (2, 1)
+    assert (sqlite["replicas"], sqlite["client_processes"]) == (2, 1)
+
+
+def test_default_client_processes_carry_four_clients_each() -> None:
+    from fireflyer.fs.bench_meta import default_client_procs
+
+    assert [default_client_procs(n) for n in (1, 4, 5, 8, 9)] == [1, 1, 2, 2, 3]
