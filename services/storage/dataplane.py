@@ -5,6 +5,13 @@ path is threads and blocking sockets, never the event loop).  CRAQ itself is
 :class:`~fireflyer.storage.craq.Replica`; this module validates input before anything is
 touched (sizes, offsets, batch limits, roles), routes each I/O to its local target, holds
 batch-read data until the client's request-to-send grant, and reports corrupted chunks.
+
+Batch reads are prepared with :func:`~fireflyer.storage.chunkread.read_for_send`: a whole-chunk
+read holds the open version file and is sent with ``sendfile`` under the CRC recorded at write
+time, so this node neither copies it into memory nor hashes it; the client checks the bytes and
+reports a mismatch (``stor.report_corrupt``), which this node confirms by verifying the chunk
+before it marks it corrupted (a report alone, e.g. of bytes damaged in flight, changes nothing).
+The single ``stor.read`` keeps the plain path: read, hash, compare with the record here.
 """
 
 from __future__ import annotations
@@ -26,11 +33,13 @@ from fireflyer.storage import (
     ChainVersionMismatch,
     ChunkCorrupted,
     ChunkId,
+    ChunkNotFound,
     NotServing,
     ReadReply,
     crc32c,
     successor_of,
 )
+from fireflyer.storage.chunkread import ChunkRead, read_for_send
 from fireflyer.storage.craq import WRITE_STATES
 from fireflyer.storage.protocol import (
     CLIENT_OPS,
@@ -40,6 +49,7 @@ from fireflyer.storage.protocol import (
     OP_QUERY_LAST,
     OP_READ,
     OP_REMOVE_RANGE,
+    OP_REPORT_CORRUPT,
     OP_RTS_CANCEL,
     OP_RTS_GRANT,
     OP_SPACE,
@@ -53,6 +63,7 @@ from fireflyer.storage.protocol import (
     BatchReadReady,
     BatchWriteMsg,
     BatchWriteReply,
+    CorruptReport,
     IoResult,
     LastChunk,
     QueryLastMsg,
@@ -80,28 +91,52 @@ __all__ = ["DataPlane", "HeldTransfers"]
 log = get_logger(__name__)
 
 OnCorrupt = Callable[[TargetRuntime, ChunkId, ChunkCorrupted], None]
-Buffer = bytes | bytearray | memoryview
+
+
+class Transfer:
+    """The prepared reads of one batch, sent back to back as one payload; holds open files."""
+
+    __slots__ = ("reads",)
+
+    def __init__(self, reads: list[ChunkRead]) -> None:
+        self.reads = reads
+
+    def __len__(self) -> int:
+        return sum(r.length for r in self.reads)
+
+    def parts(self) -> list[object]:
+        return [r.part() for r in self.reads]
+
+    def close(self) -> None:
+        for r in self.reads:
+            r.close()
 
 
 class HeldTransfers:
-    """Batch-read data waiting for its ``stor.rts_grant``: bounded in bytes, expiring."""
+    """Batch-read data waiting for its ``stor.rts_grant``: bounded in bytes, expiring (an
+    expired or cancelled :class:`Transfer` is closed: its files are not held open either)."""
 
     def __init__(self, *, hold_s: float, max_bytes: int) -> None:
         self.hold_s = hold_s
         self.max_bytes = max_bytes
         self._ids = itertools.count(1)
-        self._held: dict[int, tuple[float, str, Buffer]] = {}
+        self._held: dict[int, tuple[float, str, Transfer]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
         self.inflight = 0
         self.max_inflight = 0
         self.served = 0
 
-    def put(self, owner: str, data: Buffer) -> int:
+    def put(self, owner: str, data: Transfer) -> int:
         now = time.monotonic()
+        expired = []
         with self._lock:
             for xid in [x for x, (exp, _, _) in self._held.items() if exp < now]:
-                self._bytes -= len(self._held.pop(xid)[2])
+                expired.append(self._held.pop(xid)[2])
+                self._bytes -= len(expired[-1])
+        for t in expired:
+            t.close()
+        with self._lock:
             if self._bytes + len(data) > self.max_bytes:
                 raise ResourceExhausted(f"storage node holds {self._bytes} bytes of read data awaiting grants "
                                         f"(limit {self.max_bytes}); retry after a back-off",
@@ -111,7 +146,7 @@ class HeldTransfers:
             self._bytes += len(data)
             return xid
 
-    def take(self, xfer: int, owner: str) -> Buffer:
+    def take(self, xfer: int, owner: str) -> Transfer:
         with self._lock:
             entry = self._held.get(xfer)
             if entry is None or entry[1] != owner:
@@ -158,7 +193,7 @@ class DataPlane:
             OP_READ: self._read, OP_BATCH_READ: self._batch_read, OP_RTS_GRANT: self._rts_grant,
             OP_RTS_CANCEL: self._rts_cancel, OP_QUERY_LAST: self._query_last, OP_REMOVE_RANGE: self._remove_range,
             OP_DUMP_META: self._dump_meta, OP_SYNC_REPLACE: self._sync_replace, OP_SYNC_REMOVE: self._sync_remove,
-            OP_SYNC_DONE: self._sync_done, OP_SPACE: self._space,
+            OP_SYNC_DONE: self._sync_done, OP_SPACE: self._space, OP_REPORT_CORRUPT: self._report_corrupt,
         }  # fmt: skip
 
     def close(self) -> None:
@@ -292,43 +327,94 @@ class DataPlane:
         reply, data = self._read_one(from_meta(req.meta, ReadMsg))
         req.reply(data, meta=msgspec.to_builtins(reply))
 
+    def _prepare_one(self, msg: ReadMsg) -> tuple[IoResult, ChunkRead | None]:
+        r = msg.req
+        try:
+            self._check_read(r.offset, r.length, r.chunk_id)
+            rt = self.node.target(msg.target)
+            rt.replica.check_read(r)
+            try:
+                if r.chunk_id in rt.corrupted:
+                    raise ChunkCorrupted(f"chunk {r.chunk_id} on target {rt.target_id} is known corrupted; "
+                                         "read another replica", chunk=r.chunk_id.hex, target=rt.target_id)
+                got = read_for_send(rt.store, r.chunk_id, r.offset, r.length, allow_uncommitted=r.relaxed)
+            except ChunkCorrupted as e:
+                self.on_corrupt(rt, r.chunk_id, e)
+                raise
+        except FireFlyerError as e:
+            return _result_of(e), None
+        return IoResult(length=got.length, version=got.version, crc=got.crc, target=rt.target_id,
+                        uncommitted=got.uncommitted), got
+
     def _batch_read(self, req: ServerRequest) -> None:
         msg = from_meta(req.meta, BatchReadMsg)
         self.limits.check(len(msg.ios), 0, "read")
-
-        def one(m: ReadMsg) -> tuple[IoResult, bytes]:
-            try:
-                rep, data = self._read_one(m)
-            except FireFlyerError as e:
-                return _result_of(e), b""
-            return IoResult(length=rep.length, version=rep.version, crc=rep.crc, target=rep.target_id,
-                            uncommitted=rep.uncommitted), data
-
-        done = list(self._pool.map(one, msg.ios)) if len(msg.ios) > 1 else [one(msg.ios[0])]
-        total = sum(len(d) for _, d in done)
-        if total > self.limits.max_bytes:
-            raise BadRequest(f"batch read would return {total} bytes (limit {self.limits.max_bytes}); split it",
-                             bytes=total, max_bytes=self.limits.max_bytes)
-        xfer = 0
-        if total:
-            datas = [d for _, d in done if d]
-            # one I/O with data (every large read: a piece fills a batch) is held as read, uncopied
-            xfer = self.held.put(_user(req), datas[0] if len(datas) == 1 else b"".join(datas))
-        req.reply(meta=to_meta(BatchReadReady(xfer=xfer, total=total, results=[r for r, _ in done])))
-
-    def _rts_grant(self, req: ServerRequest) -> None:
-        data = self.held.take(from_meta(req.meta, RtsGrant).xfer, _user(req))
+        # partial (and small) reads go to disk here: in parallel when several
+        if len(msg.ios) > 1:
+            done = list(self._pool.map(self._prepare_one, msg.ios))
+        else:
+            done = [self._prepare_one(m) for m in msg.ios]
+        transfer = Transfer([got for _, got in done if got is not None and got.length])
+        for _, got in done:
+            if got is not None and not got.length:
+                got.close()
+        try:
+            total = len(transfer)
+            if total > self.limits.max_bytes:
+                raise BadRequest(f"batch read would return {total} bytes (limit {self.limits.max_bytes}); split it",
+                                 bytes=total, max_bytes=self.limits.max_bytes)
+            xfer = self.held.put(_user(req), transfer) if total and not msg.send else 0
+        except BaseException:
+            transfer.close()
+            raise
+        meta = to_meta(BatchReadReady(xfer=xfer, total=total, results=[r for r, _ in done]))
+        if xfer or not total:
+            req.reply(meta=meta)
+            return
+        # the client sent its grant with the request (it holds the send token): data goes now
         self.held.grant_started()
         try:
-            req.reply(data)
+            req.reply(transfer.parts(), meta=meta)
         finally:
             self.held.grant_finished()
+            transfer.close()
+
+    def _rts_grant(self, req: ServerRequest) -> None:
+        transfer = self.held.take(from_meta(req.meta, RtsGrant).xfer, _user(req))
+        self.held.grant_started()
+        try:
+            # every I/O's bytes back to back, files by sendfile: no join, no copy into memory
+            req.reply(transfer.parts())
+        finally:
+            self.held.grant_finished()
+            transfer.close()
 
     def _rts_cancel(self, req: ServerRequest) -> None:
         try:
-            self.held.take(from_meta(req.meta, RtsGrant).xfer, _user(req))
+            self.held.take(from_meta(req.meta, RtsGrant).xfer, _user(req)).close()
         except NotFound:
             pass
+
+    def _report_corrupt(self, req: ServerRequest) -> None:
+        """A client's bytes failed their CRC: verify the chunk here; only a confirmed bad copy
+        is marked corrupted and reported (bytes damaged in flight leave a good copy alone)."""
+        msg = from_meta(req.meta, CorruptReport)
+        rt = self.node.target(msg.target)
+        if msg.chunk_id in rt.corrupted:
+            req.reply(meta={"corrupted": True})
+            return
+        try:
+            rt.store.verify(msg.chunk_id)
+        except ChunkNotFound:
+            req.reply(meta={"corrupted": False})
+            return
+        except ChunkCorrupted as e:
+            self.on_corrupt(rt, msg.chunk_id, e)
+            req.reply(meta={"corrupted": True})
+            return
+        log.warning("storage.corrupt_report_unconfirmed", target=rt.target_id, chunk=str(msg.chunk_id),
+                    peer=req.peer, version=msg.version)
+        req.reply(meta={"corrupted": False})
 
     # -- maintenance --------------------------------------------------------------------
 

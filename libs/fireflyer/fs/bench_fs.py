@@ -10,7 +10,10 @@ with the admin token (the exact length on close needs it) and works in ``/bench`
 policy is ``--chunk`` chunks striped over every chain of the table.
 
 - **fs**: per replica count, a sequential write of ``--size`` bytes in ``--io``-sized calls to one
-  file, closed (the close asks storage for the exact length), then a sequential read of it.  The
+  file, closed (the close asks storage for the exact length), then a sequential read of it with
+  ``File.readinto`` into one reused ``--io``-sized buffer — exactly how the page-cache anchor
+  reads (``readinto`` into one reused buffer), so both sides are measured alike (a ``pread``
+  loop would add a fresh ``bytes`` object per call that the anchor does not pay).  The
   anchors, measured in the same run on the same disk (the state dir's file system): a ``dd``-style
   write of the same bytes with one ``fsync`` at the end, a read of that file from the page cache,
   and one loopback TCP pair (``sendall``/``recv_into``).  Goals (the issue's): 1-replica write >=
@@ -182,14 +185,12 @@ def seq_write_read(fs: Any, path: str, size: int, io: int) -> dict[str, Any]:
     length = fs.stat(path).length
     if length != size:
         raise AssertionError(f"{path}: length {length} after close, wrote {size}")
+    sink = bytearray(io)  # reused, like the page-cache anchor's (see the module doc)
     t0 = time.perf_counter()
     got = 0
     with fs.open(path, "rb", buffering=0) as f:
-        while got < size:
-            data = f.pread(min(io, size - got), got)
-            if not data:
-                break
-            got += len(data)
+        while got < size and (n := f.readinto(sink)) > 0:
+            got += n
     t_read = time.perf_counter() - t0
     if got != size:
         raise AssertionError(f"{path}: read {got} of {size} bytes")

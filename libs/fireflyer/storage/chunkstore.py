@@ -47,6 +47,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import msgspec
 
@@ -335,6 +336,25 @@ class ChunkStore:
         """Like :meth:`read`, also returning (version read, whether it is uncommitted)."""
         if offset < 0 or length < -1:
             raise BadRequest(f"bad read range offset={offset} length={length}", offset=offset, length=length)
+        f, ver, size, crc, pending = self.open_version(chunk_id, allow_uncommitted=allow_uncommitted)
+        with f:
+            if self.verify_reads:
+                data = f.read()
+                got = crc32c(data)
+                if got != crc or len(data) != size:
+                    raise self._corrupted(chunk_id, ver, crc, got, len(data), size)
+                end = size if length < 0 else min(size, offset + length)
+                return data[offset:end], ver, pending
+            f.seek(offset)
+            n = max(0, size - offset) if length < 0 else max(0, min(length, size - offset))
+            return f.read(n), ver, pending
+
+    def open_version(self, chunk_id: ChunkId, *, allow_uncommitted: bool = False
+                     ) -> tuple[BinaryIO, int, int, int, bool]:
+        """Open the file of the version a read sees: (file, version, recorded length, recorded
+        CRC32C, whether it is the pending version).  The caller closes the file; version files are
+        immutable and an open one stays readable after a commit unlinks it, so the bytes read
+        through it later are still exactly that version's."""
         with self._mutex:
             row = self._rows.get(chunk_id)
             if row is None or (row.meta.committed_ver == 0 and not row.meta.pending):
@@ -355,20 +375,15 @@ class ChunkStore:
                 name, ver, size, crc = row.file, m.committed_ver, m.length, m.crc
             assert name is not None
             try:  # opened under the mutex: a commit unlinks the old file only after swapping rows
-                f = open(self._file_path(name), "rb")
+                f = open(self._file_path(name), "rb")  # noqa: SIM115 - the caller closes it
             except FileNotFoundError:
                 raise self._corrupted(chunk_id, ver, crc, 0, 0, size) from None
-        with f:
-            if self.verify_reads:
-                data = f.read()
-                got = crc32c(data)
-                if got != crc or len(data) != size:
-                    raise self._corrupted(chunk_id, ver, crc, got, len(data), size)
-                end = size if length < 0 else min(size, offset + length)
-                return data[offset:end], ver, m.pending
-            f.seek(offset)
-            n = max(0, size - offset) if length < 0 else max(0, min(length, size - offset))
-            return f.read(n), ver, m.pending
+        return f, ver, size, crc, m.pending
+
+    def corrupted(self, chunk_id: ChunkId, version: int, crc: int, got: int, size: int,
+                  length: int) -> ChunkCorrupted:
+        """The error for a version whose bytes do not match their record (for readers outside)."""
+        return self._corrupted(chunk_id, version, crc, got, size, length)
 
     def read_committed(self, chunk_id: ChunkId) -> tuple[bytes, ChunkMeta] | None:
         """The whole committed version, CRC-checked, and its metadata (None: nothing committed).

@@ -24,7 +24,11 @@ What it does, and no more (the fs client builds layouts, sessions and caching on
   bytes, by ``stor.rts_grant`` taken under a :class:`SendLimiter` token, so at most
   ``total`` servers (``per_server`` per server) send to this client at once.
 - **Into the caller's buffers**: ``batch_read(ios, into=views)`` receives each I/O's bytes
-  straight into its view (the fs client's file and batch reads), checking the CRC there.
+  straight into its view (the fs client's file and batch reads), checking the CRC there; a
+  batch of several I/Os is scattered over their views (no scratch buffer, no copy).
+- **Integrity**: every I/O's bytes are checked against the CRC32C the server sent (for a whole
+  chunk, the one recorded at write time: the server sends those bytes from disk unhashed).  A
+  mismatch is retried on another replica and reported to the replica that sent it.
 - **Batches** are split by :class:`~.protocol.BatchLimits` (128 I/Os / 4 MiB) per node.
 
 Every call is bounded by ``retry_deadline_s``; requests by ``request_timeout_s``.
@@ -63,11 +67,13 @@ from .errors import (
 )
 from .protocol import (
     OP_BATCH_READ,
+    OP_REPORT_CORRUPT,
     OP_RTS_GRANT,
     OP_WRITE,
     BatchLimits,
     BatchReadMsg,
     BatchReadReady,
+    CorruptReport,
     IoResult,
     ReadMsg,
     RtsGrant,
@@ -360,9 +366,12 @@ class StorageClient:
                 if r is not None and r.target == 0 and isinstance(r.error, retryable):
                     retry.append(i)
                     last = r.error
-            futs = [self._exec.submit(self._one_batch, b, ios, into) for b in batches]
-            for f in futs:
-                for i, res in f.result():
+            # the last batch runs in this thread (which would only wait otherwise): one thread
+            # hand-off less per call, none at all for the common single-batch read
+            futs = [self._exec.submit(self._one_batch, b, ios, into) for b in batches[:-1]]
+            here = self._one_batch(batches[-1], ios, into) if batches else []
+            for done in [*(f.result() for f in futs), here]:
+                for i, res in done:
                     if res.error is not None and isinstance(res.error, retryable):
                         if not isinstance(res.error, NotCommitted):
                             tried[i].add(res.target)
@@ -421,33 +430,78 @@ class StorageClient:
             ver = self.chain(io.chain_id).version
             msgs.append(ReadMsg(target=t, req=ReadReq(chain_id=io.chain_id, chain_ver=ver, chunk_id=io.chunk_id,
                                                       offset=io.offset, length=io.length, relaxed=io.relaxed)))
+        if into is not None and len(items) == 1:
+            return self._one_read(node, addr, items[0], msgs, into[items[0][0]])
         try:
             ready = msgspec.convert(self._call(addr, OP_BATCH_READ, meta=to_meta(BatchReadMsg(ios=msgs))).meta,
                                     BatchReadReady)
-            data = memoryview(b"")
-            # alone in its batch, the payload lands in the caller's buffer; else in one scratch buffer
-            direct = (into is not None and len(items) == 1 and ready.total <= len(into[items[0][0]]))
+            lengths = [r.length if r.error is None else 0 for r in ready.results]
+            # the payload lands in the caller's buffers: one I/O straight into its buffer, several
+            # scattered over theirs (the server sends them back to back); a scratch buffer only
+            # when a reply claims more bytes than an I/O's buffer holds
+            direct = (into is not None and len(lengths) == len(items)
+                      and all(n <= len(into[i]) for (i, _), n in zip(items, lengths, strict=True)))
+            datas: list[memoryview] = [memoryview(b"")] * len(items)
             if ready.xfer:
-                buf = into[items[0][0]][:ready.total] if into is not None and direct else bytearray(ready.total)
                 with self.limiter.token(node):  # request-to-send: the server sends only now
-                    self._call(addr, OP_RTS_GRANT, meta=to_meta(RtsGrant(xfer=ready.xfer)), into=buf)
-                data = memoryview(buf)
+                    grant = to_meta(RtsGrant(xfer=ready.xfer))
+                    if direct:
+                        assert into is not None
+                        datas = [into[i][:n] for (i, _), n in zip(items, lengths, strict=True)]
+                        self._call(addr, OP_RTS_GRANT, meta=grant, into=datas)
+                    else:
+                        buf = memoryview(bytearray(ready.total))
+                        self._call(addr, OP_RTS_GRANT, meta=grant, into=buf)
+                        off = 0
+                        for k, r in enumerate(ready.results):
+                            datas[k] = buf[off:off + r.length]
+                            off += r.length
         except FireFlyerError as e:
             return [(i, ReadResult(error=e, target=t)) for i, t in items]
-        out, off = [], 0
-        for (i, t), r in zip(items, ready.results, strict=True):
+        out = []
+        for k, ((i, t), r) in enumerate(zip(items, ready.results, strict=True)):
             dest = None if into is None else into[i]
-            out.append((i, self._result(r, t, data[off:off + r.length], dest, direct)))
-            off += r.length
+            res = self._result(r, t, datas[k], dest, direct)
+            if isinstance(res.error, ChunkCorrupted) and r.error is None:
+                self._report_corrupt(addr, t, ios[i].chunk_id, r.version)
+            out.append((i, res))
         return out
+
+    def _one_read(self, node: str, addr: str, item: tuple[int, int], msgs: list[ReadMsg],
+                  dest: memoryview) -> list[tuple[int, ReadResult]]:
+        """A batch of one I/O into its buffer: the send token is taken first and goes with the
+        request (``send=True``), so the data comes with the statuses: one round trip, not two."""
+        i, t = item
+        try:
+            with self.limiter.token(node):
+                reply = self._call(addr, OP_BATCH_READ, meta=to_meta(BatchReadMsg(ios=msgs, send=True)), into=[dest])
+                ready = msgspec.convert(reply.meta, BatchReadReady)
+                if ready.xfer:  # a server from before ``send``: it held the data; grant as always
+                    reply = self._call(addr, OP_RTS_GRANT, meta=to_meta(RtsGrant(xfer=ready.xfer)), into=[dest])
+        except FireFlyerError as e:
+            return [(i, ReadResult(error=e, target=t))]
+        [r] = ready.results
+        res = self._result(r, t, reply.parts[0], dest, True)
+        if isinstance(res.error, ChunkCorrupted) and r.error is None:
+            self._report_corrupt(addr, t, msgs[0].req.chunk_id, r.version)
+        return [(i, res)]
+
+    def _report_corrupt(self, address: str, target: int, chunk_id: ChunkId, version: int) -> None:
+        """Tell the replica its bytes failed their CRC here (it verifies the chunk before acting):
+        whole-chunk reads are sent from disk unhashed, so the reader is who finds a bad copy."""
+        with contextlib.suppress(FireFlyerError):
+            self._call(address, OP_REPORT_CORRUPT,
+                       meta=to_meta(CorruptReport(target=target, chunk_id=chunk_id, version=version)))
 
     @staticmethod
     def _result(r: IoResult, target: int, data: memoryview, dest: memoryview | None, landed: bool) -> ReadResult:
-        """Check one I/O's bytes against the CRC the server computed (in-transit corruption) and
+        """Check one I/O's bytes against the CRC the server sent (recorded with the chunk for a
+        whole-chunk read, else computed over the range: corruption on disk or in transit) and
         hand them over: as ``bytes``, or in ``dest`` (already there when ``landed``)."""
         err = error_of(r)
         if err is None and crc32c(data) != r.crc:
-            err = ChunkCorrupted(f"read data from target {target} fails its CRC32C in transit", target=target)
+            err = ChunkCorrupted(f"read data from target {target} fails its CRC32C (corrupted on disk or in "
+                                 "transit); reading another replica", target=target, version=r.version)
         if err is None and dest is not None and len(data) > len(dest):
             err = BadRequest(f"target {target} returned {len(data)} bytes for a {len(dest)}-byte buffer",
                              target=target, length=len(data), buffer=len(dest))

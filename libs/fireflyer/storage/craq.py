@@ -492,11 +492,16 @@ class Replica:
 
     # -- reads ----------------------------------------------------------------------------
 
+    def check_read(self, req: ReadReq) -> None:
+        """What a read requires before the store is touched: the request's chain version, and
+        this target SERVING in it (for readers that fetch bytes themselves, e.g. ``read_for_send``)."""
+        chain = self._chain(req.chain_id, req.chain_ver)
+        self._require_state(chain, (PublicState.SERVING,))
+
     def handle_read(self, req: ReadReq) -> tuple[ReadReply, bytes]:
         """Serve a read if this target is SERVING; pending chunks answer :class:`NotCommitted`
         unless ``relaxed`` (then the pending content is returned, marked ``uncommitted``)."""
-        chain = self._chain(req.chain_id, req.chain_ver)
-        self._require_state(chain, (PublicState.SERVING,))
+        self.check_read(req)
         data, version, uncommitted = self.store.read_versioned(
             req.chunk_id, req.offset, req.length, allow_uncommitted=req.relaxed
         )

@@ -22,6 +22,9 @@ op                      sender -> target   meta / payload -> reply
                                            (statuses and sizes only, no data)
 ``stor.rts_grant``      client -> replica  :class:`RtsGrant` -> payload = the batch's data
 ``stor.rts_cancel``     client -> replica  :class:`RtsGrant` -> {} (drop held data)
+``stor.report_corrupt`` client -> replica  :class:`CorruptReport` -> {"corrupted": bool}: read
+                                           data failed its CRC at the client; the replica
+                                           verifies the chunk itself before acting on it
 ``stor.query_last``     meta -> replica    :class:`QueryLastMsg` -> :class:`LastChunk`
 ``stor.remove_range``   meta -> head       :class:`RemoveRangeMsg` -> {"removed": n}; the
                                            head forwards it down the chain before replying
@@ -39,17 +42,23 @@ they RDMA-write read data, so a client reading from hundreds of servers never ha
 than ``max_concurrent_transmission`` of them sending at once (incast control,
 research/3fs.md §3).  On the wire that is two requests:
 
-1. ``stor.batch_read``: the server reads the batch (from disk, checking checksums) and
-   answers only :class:`BatchReadReady` — per-I/O status, lengths, versions, CRCs and a
-   transfer id ``xfer``; the data stays in the server's memory (bounded, expiring after
-   ``rts_hold_s``, so a client that vanishes costs nothing for long);
+1. ``stor.batch_read``: the server prepares the batch and answers only
+   :class:`BatchReadReady` — per-I/O status, lengths, versions, CRCs and a transfer id
+   ``xfer``; the data stays on the server (bounded, expiring after ``rts_hold_s``, so a
+   client that vanishes costs nothing for long): partial reads in memory with the CRC of
+   their range, whole-chunk reads as the open version file with the CRC recorded at write
+   time (sent with ``sendfile``; :mod:`~fireflyer.storage.chunkread`).  The client checks
+   every I/O's bytes against its CRC; a mismatch is retried on another replica and
+   reported to this one (``stor.report_corrupt``);
 2. the client takes a send token from its :class:`~fireflyer.storage.client_min.SendLimiter`
    (default 64 in all, 8 per server), sends ``stor.rts_grant {xfer}`` and receives the
    data as the reply's payload straight into its buffer; it returns the token when the
    payload has landed.
 
 So no byte of read data leaves a server that the client has not granted, and a client
-never has more granted (sending) servers than it has tokens.  A batch whose I/Os all
+never has more granted (sending) servers than it has tokens.  A client may also take the
+token *first* and send ``stor.batch_read`` with ``send=True`` (its batches of one I/O do):
+the grant is then implied, and the data is the payload of the ``BatchReadReady`` reply.  A batch whose I/Os all
 failed or are empty has ``xfer == 0`` and needs no grant.
 
 Writes need no token: the client is the sender and paces itself.  Batches are bounded
@@ -89,6 +98,8 @@ __all__ = [
     "OP_SYNC_REMOVE",
     "OP_SYNC_DONE",
     "OP_SPACE",
+    "OP_REPORT_CORRUPT",
+    "CorruptReport",
     "CLIENT_OPS",
     "BatchLimits",
     "WriteMsg",
@@ -138,9 +149,11 @@ OP_SYNC_REPLACE = "stor.sync_replace"
 OP_SYNC_REMOVE = "stor.sync_remove"
 OP_SYNC_DONE = "stor.sync_done"
 OP_SPACE = "stor.space"
+OP_REPORT_CORRUPT = "stor.report_corrupt"
 
 #: ops any user may call; everything else needs the admin role
-CLIENT_OPS = frozenset({OP_WRITE, OP_BATCH_WRITE, OP_READ, OP_BATCH_READ, OP_RTS_GRANT, OP_RTS_CANCEL, OP_SPACE, OP_QUERY_LAST})
+CLIENT_OPS = frozenset({OP_WRITE, OP_BATCH_WRITE, OP_READ, OP_BATCH_READ, OP_RTS_GRANT, OP_RTS_CANCEL, OP_SPACE,
+                        OP_QUERY_LAST, OP_REPORT_CORRUPT})
 
 T = TypeVar("T")
 
@@ -199,6 +212,10 @@ class ReadMsg(msgspec.Struct, frozen=True, kw_only=True):
 
 class BatchReadMsg(msgspec.Struct, frozen=True, kw_only=True):
     ios: list[ReadMsg]
+    #: the client already holds a send token for this server: send the data with the reply
+    #: (``xfer`` 0) instead of holding it for a grant.  One round trip less per batch; a server
+    #: that does not know the field answers as always and the client grants as always.
+    send: bool = False
 
 
 class BatchReadReady(msgspec.Struct, frozen=True, kw_only=True):
@@ -211,6 +228,14 @@ class BatchReadReady(msgspec.Struct, frozen=True, kw_only=True):
 
 class RtsGrant(msgspec.Struct, frozen=True, kw_only=True):
     xfer: int
+
+
+class CorruptReport(msgspec.Struct, frozen=True, kw_only=True):
+    """A client received bytes of ``chunk_id`` from ``target`` that failed their CRC32C."""
+
+    target: int
+    chunk_id: ChunkId
+    version: int = 0
 
 
 class QueryLastMsg(msgspec.Struct, frozen=True, kw_only=True):

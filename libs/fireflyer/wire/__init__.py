@@ -17,6 +17,7 @@ hello / welcome / req / resp / error) and a raw payload sent with ``sendmsg`` an
 """
 
 from .client import Connection, PendingRequest, Reply, connect
+from .conn import FileRegion
 from .frame import FrameLimits
 from .server import Authenticate, Handler, ServerRequest, WireServer
 
@@ -26,6 +27,7 @@ __all__ = [
     "Reply",
     "connect",
     "FrameLimits",
+    "FileRegion",
     "WireServer",
     "ServerRequest",
     "Handler",

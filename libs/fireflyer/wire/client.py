@@ -2,6 +2,7 @@
 
     conn = Connection.connect("10.0.0.7", 9000, token=os.environ["FF_TOKEN"])
     reply = conn.request("read", meta={"chunk": 42}, into=buf)   # payload lands in buf, uncopied
+    reply = conn.request("read2", into=[buf_a, buf_b])   # scattered: buf_a filled first, then buf_b
     pending = [conn.submit("write", payload=view) for view in views]   # several outstanding
     for p in pending:
         p.result()
@@ -60,17 +61,21 @@ _EMPTY = memoryview(b"")
 
 
 class Reply:
-    """A response: the server's ``meta`` and a view of the payload (in the caller's buffer if given)."""
+    """A response: the server's ``meta`` and a view of the payload (in the caller's buffer if given).
 
-    __slots__ = ("meta", "payload")
+    A payload scattered over several buffers (``into`` a list) is ``parts``, one view per buffer
+    (the bytes that landed in it); ``payload`` is then the first of them."""
 
-    def __init__(self, meta: dict[str, Any], payload: memoryview) -> None:
+    __slots__ = ("meta", "payload", "parts")
+
+    def __init__(self, meta: dict[str, Any], payload: memoryview, parts: tuple[memoryview, ...] | None = None) -> None:
         self.meta = meta
         self.payload = payload
+        self.parts = (payload,) if parts is None else parts
 
     @property
     def size(self) -> int:
-        return len(self.payload)
+        return sum(len(p) for p in self.parts)
 
     def __repr__(self) -> str:
         return f"Reply(meta={self.meta!r}, size={self.size})"
@@ -81,7 +86,8 @@ class PendingRequest:
 
     __slots__ = ("rid", "op", "into", "deadline", "_conn", "_event", "_reply", "_error", "_claimed")
 
-    def __init__(self, conn: Connection, rid: int, op: str, into: memoryview | None, deadline: float) -> None:
+    def __init__(self, conn: Connection, rid: int, op: str, into: memoryview | list[memoryview] | None,
+                 deadline: float) -> None:
         self.rid = rid
         self.op = op
         self.into = into
@@ -199,12 +205,17 @@ class Connection:
         timeout_s: float | None = None,
     ) -> PendingRequest:
         """Send a request and return at once; the response payload will be received into ``into``
-        (any writable buffer large enough; a new bytearray when None).  ``checksum`` sends the
-        payload's crc32 for the server to verify."""
+        (any writable buffer large enough; a list of them to scatter it, each filled before the
+        next; a new bytearray when None).  ``checksum`` sends the payload's crc32 for the server
+        to verify."""
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         view = as_bytes_view(payload) if payload is not None else _EMPTY
-        into_view = as_bytes_view(into, writable=True) if into is not None else None
+        into_view: memoryview | list[memoryview] | None = None
+        if isinstance(into, list | tuple):
+            into_view = [as_bytes_view(b, writable=True) for b in into]
+        elif into is not None:
+            into_view = as_bytes_view(into, writable=True)
         trace: dict[str, str] = {}
         inject(trace)
         rid = next(self._rids)
@@ -312,6 +323,9 @@ class Connection:
                     pending._finish(error=Unavailable(f"connection to {self.peer} lost: {e}", peer=self.peer,
                                                       op=pending.op, rid=pending.rid))
                     raise
+                # it holds views of the caller's buffers: waiting for the next frame must not pin
+                # them (a view keeps a bytearray from being resized)
+                pending = None
         except FireFlyerError as e:
             self._die(e)
         except Exception as e:  # a bug: still fail the waiters rather than hang them
@@ -323,6 +337,9 @@ class Connection:
         if isinstance(header, ErrorFrame):
             fs.discard(size)
             pending._finish(error=error_from_dict(header.error))
+            return
+        if isinstance(pending.into, list):
+            self._complete_scattered(pending, header, size, pending.into)
             return
         if size == 0:
             view = _EMPTY
@@ -342,6 +359,31 @@ class Connection:
                                                 reason="checksum_mismatch", op=pending.op, peer=fs.peer))
             return
         pending._finish(Reply(header.meta, view))
+
+    def _complete_scattered(self, pending: PendingRequest, header: Response, size: int,
+                            dests: list[memoryview]) -> None:
+        fs = self._fs
+        room = sum(len(d) for d in dests)
+        if room < size:
+            fs.discard(size)
+            pending._finish(error=ResourceExhausted(
+                f"response to {pending.op!r} has {size} bytes, the buffers only {room}",
+                op=pending.op, size=size, buffer=room))
+            return
+        parts, left = [], size
+        for d in dests:
+            parts.append(d[:min(left, len(d))])
+            left -= len(parts[-1])
+        fs.recv_into_parts(parts)
+        if header.crc32 is not None:
+            crc = 0
+            for p in parts:
+                crc = crc32(p, crc)
+            if crc != header.crc32:
+                pending._finish(error=ProtocolError(f"response payload checksum mismatch for {pending.op!r}",
+                                                    reason="checksum_mismatch", op=pending.op, peer=fs.peer))
+                return
+        pending._finish(Reply(header.meta, parts[0] if parts else _EMPTY, tuple(parts)))
 
 
 def connect(host: str, port: int, *, token: str, **kw: Any) -> Connection:

@@ -15,6 +15,10 @@ Hot-path choices, and why:
   the caller's buffer with ``MSG_WAITALL`` (one system call per chunk instead of one per
   socket-buffer's worth).  Large payloads move in ``CHUNK`` pieces so ``io_timeout_s`` bounds the
   time without progress, not the time for the whole payload.
+- **Payloads in parts.**  A reply may be several buffers (``sendmsg`` with them all: a batch of
+  I/Os needs no join copy) and :class:`FileRegion` s, sent with ``os.sendfile`` straight from the
+  page cache to the socket (no copy into user memory); the receiver may scatter a payload over
+  several buffers.  The framing is the same: one prefix, one header, ``payload_len`` bytes.
 - **Small read-ahead** for prefix and header (one ``recv_into`` usually gets both, and the next
   frame's start when requests are small); whatever payload bytes it caught are copied out first,
   at most one read-ahead buffer per frame.
@@ -23,9 +27,11 @@ Hot-path choices, and why:
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import struct
 import threading
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from fireflyer.core.errors import (
@@ -38,7 +44,7 @@ from fireflyer.core.errors import (
 
 from .frame import PREFIX, FrameLimits, Header, decode_header, encode_head, parse_prefix
 
-__all__ = ["FramedSocket", "Idle", "PeerClosed", "as_bytes_view", "tune_socket", "CHUNK"]
+__all__ = ["FramedSocket", "FileRegion", "Idle", "PeerClosed", "as_bytes_view", "tune_socket", "CHUNK"]
 
 #: largest single sendmsg/recv_into; a few MiB keeps per-call overhead negligible
 CHUNK = 8 << 20
@@ -46,6 +52,36 @@ _READAHEAD = 64 * 1024
 _LINGER_S = 0.5  # per read, when draining a rejected peer's input before closing
 _LINGER_READS = 64
 _EMPTY = memoryview(b"")
+#: buffers per sendmsg call (the kernel's IOV_MAX is 1024)
+_IOV_BATCH = 512
+_ZEROS = memoryview(bytes(1 << 16))
+
+
+class FileRegion:
+    """``length`` bytes of an open file at ``offset``, to be sent with ``os.sendfile``.
+
+    The caller owns ``fd`` and keeps it open until the frame is sent.  If the file turns out
+    shorter than ``length`` when it is sent, the rest is sent as zeros (the frame's length was
+    already promised) and ``short`` says by how many bytes: payload checksums are what catch
+    that, the wire layer cannot.
+    """
+
+    __slots__ = ("fd", "offset", "length", "short")
+
+    def __init__(self, fd: int, offset: int, length: int) -> None:
+        if offset < 0 or length < 0:
+            raise InvalidArgument(f"bad file region offset={offset} length={length}", offset=offset, length=length)
+        self.fd, self.offset, self.length = fd, offset, length
+        self.short = 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __repr__(self) -> str:
+        return f"FileRegion(fd={self.fd}, offset={self.offset}, length={self.length})"
+
+
+Part = memoryview | FileRegion
 
 
 class Idle(Exception):
@@ -140,6 +176,61 @@ class FramedSocket:
             raise self._break(Unavailable(f"connection to {self.peer} failed while sending: {e}",
                                           peer=self.peer, reason="send_failed")) from None
 
+    def send_frame_parts(self, header: Header, parts: Sequence[Part]) -> None:
+        """Send one frame whose payload is ``parts`` in order (byte views and file regions);
+        same locking and failure rules as :meth:`send_frame`."""
+        n = sum(len(p) for p in parts)
+        head = memoryview(encode_head(header, n))
+        try:
+            bufs: list[memoryview] = [head]
+            for p in parts:
+                if isinstance(p, FileRegion):
+                    # MSG_MORE: the kernel holds the small head back to fill a segment with file data
+                    self._sendmsg_all(bufs, socket.MSG_MORE)
+                    bufs = []
+                    self._sendfile(p)
+                elif len(p):
+                    bufs.append(p)
+            self._sendmsg_all(bufs, 0)
+        except OSError as e:
+            self._send_broken = True
+            if _is_timeout(e):
+                raise self._break(DeadlineExceeded(
+                    f"sending to {self.peer} made no progress for {self.io_timeout_s}s",
+                    peer=self.peer, reason="stalled")) from None
+            raise self._break(Unavailable(f"connection to {self.peer} failed while sending: {e}",
+                                          peer=self.peer, reason="send_failed")) from None
+
+    def _sendmsg_all(self, bufs: list[memoryview], flags: int) -> None:
+        # several buffers per call; a partial send resumes inside the buffer where it stopped
+        i = 0
+        while i < len(bufs):
+            batch = bufs[i:i + _IOV_BATCH]
+            total = sum(len(b) for b in batch)
+            sent = self.sock.sendmsg(batch, (), flags) if total else 0
+            if sent == total:
+                i += len(batch)
+                continue
+            while sent >= len(bufs[i]):
+                sent -= len(bufs[i])
+                i += 1
+            bufs[i] = bufs[i][sent:]
+
+    def _sendfile(self, region: FileRegion) -> None:
+        out = self.sock.fileno()
+        off, left = region.offset, region.length
+        while left:
+            sent = os.sendfile(out, region.fd, off, min(left, CHUNK))
+            if sent == 0:  # the file ended early: keep the frame's promised length
+                region.short = left
+                while left:
+                    k = min(left, len(_ZEROS))
+                    self._sendmsg(_EMPTY, _ZEROS[:k])
+                    left -= k
+                return
+            off += sent
+            left -= sent
+
     def _sendmsg(self, head: memoryview, body: memoryview) -> None:
         # sendmsg may send part (kernel timeout, signal); resume where it stopped
         while head or body:
@@ -210,6 +301,12 @@ class FramedSocket:
                                                 f"({off} of {n} bytes received)",
                                                 reason="truncated", peer=self.peer))
             off += got
+
+    def recv_into_parts(self, dests: Sequence[memoryview]) -> None:
+        """Receive a payload scattered over ``dests`` in order (each filled before the next)."""
+        for d in dests:
+            if len(d):
+                self.recv_into(d)
 
     def discard(self, n: int) -> None:
         """Skip ``n`` payload bytes nobody wants (unknown request id, unread by a handler)."""

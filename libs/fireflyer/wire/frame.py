@@ -143,6 +143,6 @@ def decode_header(buf: bytes | bytearray | memoryview) -> Header:
         raise ProtocolError(f"undecodable frame header: {e}", reason="bad_header") from None
 
 
-def crc32(data: Any) -> int:
-    """CRC-32 of a buffer (zlib releases the GIL on large inputs)."""
-    return zlib.crc32(data) & 0xFFFFFFFF
+def crc32(data: Any, value: int = 0) -> int:
+    """CRC-32 of a buffer, continuing from ``value`` (zlib releases the GIL on large inputs)."""
+    return zlib.crc32(data, value) & 0xFFFFFFFF

@@ -3,6 +3,7 @@
     def handle(req: ServerRequest) -> None:
         data = req.recv_payload(into=my_buffer)       # zero copy into the handler's own buffer
         req.reply(result_view, meta={"version": 3})   # header + payload, sent zero copy
+        req.reply([head_view, FileRegion(fd, 0, n)])  # or several parts: buffers and file regions
 
     server = WireServer(handle, authenticate=tokens.lookup)   # lookup(token) -> principal | None
     port = server.start()
@@ -23,7 +24,9 @@ What the server does for the handler, so handlers stay short:
 - a :class:`FireFlyerError` raised by the handler goes back as an ``error`` frame and is raised
   again, same type and fields, in the client; any other exception is logged and goes back as
   ``Internal``.  Either way the connection stays open;
-- the handler runs inside a SERVER span whose parent is the trace context the client sent.
+- the handler runs inside a SERVER span whose parent is the trace context the client sent; a
+  request sent without one (an untraced caller) runs without a span: a root span per data-plane
+  request would be a trace nobody asked for, and costs a noticeable share of a small request.
 
 Requests on one connection are handled one after the other (the payloads arrive in order on one
 stream); clients that want parallel handling open several connections.
@@ -37,7 +40,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -54,7 +57,7 @@ from fireflyer.core.errors import (
 from fireflyer.core.log import get_logger
 from fireflyer.telemetry import extract, tracer
 
-from .conn import FramedSocket, Idle, PeerClosed, as_bytes_view, set_io_timeout, tune_socket
+from .conn import FileRegion, FramedSocket, Idle, Part, PeerClosed, as_bytes_view, set_io_timeout, tune_socket
 from .frame import ErrorFrame, FrameLimits, Hello, Request, Response, Welcome, crc32
 
 __all__ = ["WireServer", "ServerRequest", "Handler", "Authenticate"]
@@ -112,7 +115,24 @@ class ServerRequest:
         return view
 
     def reply(self, payload: Any = None, *, meta: dict[str, Any] | None = None, checksum: bool = False) -> None:
-        """Send the response: ``meta`` in the header, ``payload`` (any buffer) sent uncopied."""
+        """Send the response: ``meta`` in the header, ``payload`` sent uncopied.
+
+        ``payload`` is any buffer, a :class:`~.conn.FileRegion` (sent with ``sendfile``), or a
+        list/tuple of those sent back to back as one payload.  ``checksum`` needs buffers only.
+        """
+        if isinstance(payload, list | tuple | FileRegion):
+            parts: list[Part] = [p if isinstance(p, FileRegion) else as_bytes_view(p)
+                                 for p in (payload if isinstance(payload, list | tuple) else (payload,))]
+            crc = None
+            if checksum:
+                if any(isinstance(p, FileRegion) for p in parts):
+                    raise InvalidArgument("a checksum needs the payload in memory, not a file region",
+                                          op=self.op, rid=self.rid)
+                crc = 0
+                for p in parts:
+                    crc = crc32(p, crc)
+            self._send(Response(rid=self.rid, meta=meta or {}, crc32=crc), parts)
+            return
         view = as_bytes_view(payload) if payload is not None else _EMPTY
         header = Response(rid=self.rid, meta=meta or {}, crc32=crc32(view) if checksum else None)
         self._send(header, view)
@@ -129,7 +149,7 @@ class ServerRequest:
     def replied(self) -> bool:
         return self._replied
 
-    def _send(self, header: Response | ErrorFrame, view: memoryview) -> None:
+    def _send(self, header: Response | ErrorFrame, view: memoryview | Sequence[Part]) -> None:
         if self._replied:
             raise FailedPrecondition("request was already answered", op=self.op, rid=self.rid)
         self._replied = True
@@ -137,7 +157,10 @@ class ServerRequest:
         if fs.broken:
             raise Unavailable(f"connection to {fs.peer} is closed", peer=fs.peer)
         with fs.send_lock:
-            fs.send_frame(header, view)
+            if isinstance(view, memoryview):
+                fs.send_frame(header, view)
+            else:
+                fs.send_frame_parts(header, view)
 
 
 class _ServerConn:
@@ -217,7 +240,7 @@ class _ServerConn:
     def _serve(self, header: Request, size: int) -> None:
         fs = self.fs
         req = ServerRequest(self, header, size)
-        if not self.server.trace_requests:
+        if not self.server.trace_requests or not header.trace:
             err = self._call(req)
         else:
             err = self._call_traced(req, header, size)
