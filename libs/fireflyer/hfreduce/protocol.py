@@ -60,6 +60,7 @@ __all__ = [
 PROTOCOL_VERSION = 1
 MAX_MESSAGE = 64 << 20
 _LEN = struct.Struct(">I")
+_READ_BYTES = 64 << 10
 
 
 class _Msg(msgspec.Struct, tag_field="t", frozen=True, kw_only=True):
@@ -182,37 +183,50 @@ class Channel:
         self.sock = sock
         self._send_lock = threading.Lock()
         self.closed = False
+        self._buf = bytearray(_READ_BYTES)
+        self._view = memoryview(self._buf)
+        self._pos = self._end = 0
 
     def send(self, msg: _Msg) -> None:
         data = encode(msg)
         with self._send_lock:
             self.sock.sendall(data)
 
-    def _recv_exact(self, n: int) -> bytearray | None:
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
+    def _fill(self, need: int) -> bool:
+        """Make ``need`` bytes available from ``_pos``, reading as much as the socket has; False on EOF."""
+        if len(self._buf) - self._pos < need:  # compact (and grow for a large message)
+            rest = self._buf[self._pos:self._end]
+            if len(self._buf) < need:
+                self._buf = bytearray(max(need, _READ_BYTES))
+                self._view = memoryview(self._buf)
+            self._buf[:len(rest)] = rest
+            self._pos, self._end = 0, len(rest)
+        while self._end - self._pos < need:
             try:
-                k = self.sock.recv_into(view[got:], n - got)
+                k = self.sock.recv_into(self._view[self._end:])
             except (ConnectionResetError, OSError):
-                return None
+                return False
             if k == 0:
-                return None
-            got += k
-        return buf
+                return False
+            self._end += k
+        return True
 
     def recv(self) -> Message | None:
-        head = self._recv_exact(_LEN.size)
-        if head is None:
+        """The next message, or None on EOF.  One thread at a time.
+
+        Reads whatever the socket has into a reused buffer: a small message costs one
+        system call (not two: length, then body), and several queued ones cost one.
+        """
+        if not self._fill(_LEN.size):
             return None
-        (n,) = _LEN.unpack(head)
+        (n,) = _LEN.unpack_from(self._buf, self._pos)
         if n > MAX_MESSAGE:
             raise ProtocolError(f"HFReduce control message of {n} bytes exceeds {MAX_MESSAGE}")
-        body = self._recv_exact(n) if n else bytearray()
-        if body is None:
+        if not self._fill(_LEN.size + n):
             return None
-        return decode(body)
+        start = self._pos + _LEN.size
+        self._pos = start + n
+        return decode(self._view[start:self._pos])  # decoding copies out: the buffer is reused
 
     def close(self) -> None:
         if self.closed:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 
 import pytest
 
@@ -66,3 +67,30 @@ def test_protocol_truncated_message_is_eof() -> None:
     a.close()
     assert Channel(b).recv() is None
     b.close()
+
+
+def test_protocol_buffered_recv_batches_splits_and_large_messages() -> None:
+    """recv reads ahead into a reused buffer: queued messages, byte-by-byte arrival and a
+    message larger than the buffer all come out whole and in order."""
+    a, b = socket.socketpair()
+    try:
+        rx = Channel(b)
+        subs = [Submit(seq=i, kind="allreduce", op="sum", dtype="float32", count=i, seg=0, offset=0, root=-1,
+                       timeout_s=1.0) for i in range(50)]
+        big = Failed(seq=7, error={"message": "x" * (200 << 10)})
+        def write() -> None:
+            a.sendall(b"".join(encode(m) for m in subs[:40]))  # many in one read
+            for byte in b"".join(encode(m) for m in subs[40:]):  # one byte at a time
+                a.sendall(bytes([byte]))
+            a.sendall(encode(big) + encode(subs[0]))  # larger than the read buffer
+
+        writer = threading.Thread(target=write)
+        writer.start()  # concurrently: the socket holds only so many bytes (or 1-byte sends)
+        got = [rx.recv() for _ in range(52)]
+        writer.join()
+        assert got[:50] == subs and got[50] == big and got[51] == subs[0]
+        a.close()
+        assert rx.recv() is None
+    finally:
+        a.close()
+        b.close()
