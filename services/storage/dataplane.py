@@ -360,7 +360,8 @@ class DataPlane:
                 got.close()
         try:
             total = len(transfer)
-            if total > self.limits.max_bytes:
+            # a lone I/O may be a whole chunk larger than the batch limit (bounded by the chunk size)
+            if total > self.limits.max_bytes and len(msg.ios) > 1:
                 raise BadRequest(f"batch read would return {total} bytes (limit {self.limits.max_bytes}); split it",
                                  bytes=total, max_bytes=self.limits.max_bytes)
             xfer = self.held.put(_user(req), transfer) if total and not msg.send else 0

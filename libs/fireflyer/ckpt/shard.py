@@ -186,14 +186,26 @@ def read_tensors(fs: BatchFS, directory: str, index: ShardIndex, paths: Sequence
             out[e.path] = msgspec.msgpack.decode(e.value_bytes)
         else:
             by_shard.setdefault(e.shard, []).append(e)
-    runs = [run for s in sorted(by_shard) for run in _runs(by_shard[s], gap)]
+    # A shard mostly wanted (a full load) is read whole from offset 0, so the I/O pieces fall on
+    # chunk boundaries and the storage serves whole chunks; otherwise only the runs around the
+    # wanted tensors are read.
+    runs: list[list[TensorEntry]] = []
+    whole: set[int] = set()
+    for s in sorted(by_shard):
+        ents = by_shard[s]
+        if 2 * sum(e.nbytes for e in ents) >= index.shards[s].size:
+            whole.add(len(runs))
+            runs.append(sorted(ents, key=lambda e: e.offset))
+        else:
+            runs.extend(_runs(ents, gap))
     ios = []
-    for run in runs:
-        start = run[0].offset
+    for k, run in enumerate(runs):
+        start = 0 if k in whole else run[0].offset
         end = max(e.offset + e.nbytes for e in run)
         ios.append((_join(directory, index.shards[run[0].shard].name), start, end - start))
     results = fs.batch_read(ios) if ios else []
     _check(results, [f"{p} @{o}+{n}" for p, o, n in ios])
+    checks: list[tuple[TensorEntry, str, memoryview]] = []
     for run, (target, start, _n), r in zip(runs, ios, results, strict=True):
         data = r.data
         buf = data if isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly) \
@@ -205,14 +217,27 @@ def read_tensors(fs: BatchFS, directory: str, index: ShardIndex, paths: Sequence
                                           f"({start + len(buf)} bytes, needs {e.offset + e.nbytes})",
                                           path=e.path, shard=target)
             if verify:
-                got = crc32c(memoryview(buf)[at:at + e.nbytes])
-                if got != e.crc32c:
-                    raise CheckpointCorrupted(
-                        f"tensor {e.path} in shard {target} (offset {e.offset}, {e.nbytes} bytes) is corrupted: "
-                        f"CRC32C {got:#010x} != {e.crc32c:#010x} saved; restore an older checkpoint",
-                        path=e.path, shard=target, offset=e.offset)
+                checks.append((e, target, memoryview(buf)[at:at + e.nbytes]))
             out[e.path] = _rebuild(e, buf, at, map_location)
+    if checks:
+        _verify(checks, getattr(fs, "pool", None))
     return out
+
+
+def _verify(checks: list[tuple[TensorEntry, str, memoryview]], pool: ThreadPoolExecutor | None) -> None:
+    """Check every tensor's CRC32C; the ``crc32c`` package releases the GIL while hashing, so
+    the checks run spread over ``pool``'s threads.  Raises for the first bad tensor in index order."""
+    def crc(c: tuple[TensorEntry, str, memoryview]) -> int:
+        return crc32c(c[2])
+
+    big = sum(c[2].nbytes for c in checks) >= 64 << 20
+    gots = list(pool.map(crc, checks)) if pool is not None and big and len(checks) > 1 else [crc(c) for c in checks]
+    for (e, target, _view), got in zip(checks, gots, strict=True):
+        if got != e.crc32c:
+            raise CheckpointCorrupted(
+                f"tensor {e.path} in shard {target} (offset {e.offset}, {e.nbytes} bytes) is corrupted: "
+                f"CRC32C {got:#010x} != {e.crc32c:#010x} saved; restore an older checkpoint",
+                path=e.path, shard=target, offset=e.offset)
 
 
 # -- parallel batch I/O ------------------------------------------------------------------------
@@ -231,7 +256,7 @@ class ParallelFS:
     read by every thread and still lands in one buffer, without a copy.  ``after_write`` is
     called (in the I/O thread) after each part of a write -- a hook for fault injection."""
 
-    def __init__(self, fs: Any, pool: ThreadPoolExecutor | None, threads: int, *, piece_bytes: int = 16 << 20,
+    def __init__(self, fs: Any, pool: ThreadPoolExecutor | None, threads: int, *, piece_bytes: int = IO_BYTES,
                  after_write: Callable[[], None] | None = None) -> None:
         self.fs = fs
         self.pool = pool
@@ -255,12 +280,28 @@ class ParallelFS:
         return out
 
     def batch_write(self, ios: Sequence[tuple[str, int, Any]]) -> list[Any]:
+        """Whole files go to one thread each (not interleaved I/Os): I/Os that continue each
+        other in a file must reach the same ``batch_write`` call, where 3FS joins those sharing a
+        chunk into one write -- split over calls, each would rewrite the chunk (copy-on-write)."""
         def part(p: list[Any]) -> Sequence[Any]:
-            res = self.fs.batch_write(p)
+            res = self.fs.batch_write([io for _, io in p])
             if self.after_write is not None:
                 self.after_write()
             return res
-        return self._spread(part, list(ios))
+        by_file: dict[Any, list[tuple[int, Any]]] = {}
+        for k, io in enumerate(ios):
+            by_file.setdefault(io[0], []).append((k, io))
+        n = min(self.threads, len(by_file))
+        if n <= 1 or self.pool is None:
+            return list(part(list(enumerate(ios))))
+        parts: list[list[tuple[int, Any]]] = [[] for _ in range(n)]
+        for group in sorted(by_file.values(), key=lambda g: -len(g)):  # balance: biggest files first
+            min(parts, key=len).extend(group)
+        out: list[Any] = [None] * len(ios)
+        for p, f in [(p, self.pool.submit(part, p)) for p in parts]:
+            for (k, _), r in zip(p, f.result(), strict=True):
+                out[k] = r
+        return out
 
     def batch_read(self, ios: Sequence[tuple[str, int, int]]) -> list[Any]:
         if not hasattr(self.fs, "batch_read_into"):

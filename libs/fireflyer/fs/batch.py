@@ -11,7 +11,12 @@ or is shorter than asked, reads as zeros (a hole) up to the file length.
 buffer (one kernel copy from the socket, no bytes objects, no joins).
 
 Writes: pieces are grouped by the head of their chain's *node* and sent as
-``stor.batch_write`` batches in parallel.  Every piece gets its own update channel
+``stor.batch_write`` batches in parallel.  A piece larger than one batch's byte limit
+(a whole chunk of a large-chunk file: checkpoints use 64 MiB chunks) goes alone as one
+``stor.write``, so a chunk is written once instead of once per 4 MiB slice -- each
+slice of a chunk would otherwise make a new copy-on-write version of it, with its own
+fsyncs.  Piece data may be memoryviews of the caller's buffers: a batch of one piece
+is sent straight from it; several are joined into one payload (the wire takes one).  Every piece gets its own update channel
 with seq 1, kept across retries, so the head's (client, channel, seq) dedupe applies
 a retried piece once even when the first reply was lost.  Pieces that fail with a
 retryable error (chain version moved, not the head, node unreachable, timeout) are
@@ -34,10 +39,11 @@ from fireflyer.meta import Layout
 from fireflyer.storage.checksum import crc32c
 from fireflyer.storage.chunkid import ChunkId, split_range
 from fireflyer.storage.client_min import ReadIo, StorageClient
-from fireflyer.storage.craq import WriteReq
+from fireflyer.storage.craq import WriteAck, WriteReq
 from fireflyer.storage.errors import ChainVersionMismatch, NotHead, NotServing
 from fireflyer.storage.protocol import (
     OP_BATCH_WRITE,
+    OP_WRITE,
     BatchWriteMsg,
     BatchWriteReply,
     WriteMsg,
@@ -66,7 +72,8 @@ class WritePiece(msgspec.Struct, frozen=True):
     chunk_id: ChunkId
     offset: int
     chunk_size: int
-    data: bytes
+    #: bytes-like; a memoryview of the caller's buffer is sent without a copy
+    data: Buffer
 
 
 def pieces_of(inode_id: int, layout: Layout, offset: int, length: int, max_piece: int) -> list[Piece]:
@@ -128,12 +135,16 @@ def write_pieces(storage: StorageClient, pool: ThreadPoolExecutor, pieces: Seque
             size = 0
             for i, head in items:
                 n = len(pieces[i].data)
+                if n > storage.limits.max_bytes:  # a whole large chunk: a stor.write of its own
+                    batches.append((addr, [(i, head)]))
+                    continue
                 if cur and (len(cur) >= storage.limits.max_ios or size + n > storage.limits.max_bytes):
                     batches.append((addr, cur))
                     cur, size = [], 0
                 cur.append((i, head))
                 size += n
-            batches.append((addr, cur))
+            if cur:
+                batches.append((addr, cur))
 
         def send(batch: tuple[str, list[tuple[int, int]]]) -> list[tuple[int, FireFlyerError | None]]:
             addr, items = batch
@@ -145,7 +156,16 @@ def write_pieces(storage: StorageClient, pool: ThreadPoolExecutor, pieces: Seque
                     chain_id=p.chain_id, chain_ver=ver, chunk_id=p.chunk_id, offset=p.offset, length=len(p.data),
                     chunk_size=p.chunk_size, payload_crc=crcs[i], client_id=storage.client_id,
                     channel=channels[i], seq=1)))
-            payload = b"".join(pieces[i].data for i, _ in items)
+            if len(msgs) == 1 and msgs[0].req.length > storage.limits.max_bytes:
+                try:
+                    reply = storage._call(addr, OP_WRITE, pieces[items[0][0]].data,
+                                          meta=to_meta(msgs[0]))
+                    msgspec.convert(reply.meta, WriteAck)
+                except FireFlyerError as e:
+                    return [(items[0][0], e)]
+                return [(items[0][0], None)]
+            # one piece goes as it is (a view of the caller's buffer); several are joined (one copy)
+            payload = pieces[items[0][0]].data if len(items) == 1 else b"".join(pieces[i].data for i, _ in items)
             try:
                 reply = storage._call(addr, OP_BATCH_WRITE, payload or None, meta=to_meta(BatchWriteMsg(ios=msgs)))
             except FireFlyerError as e:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import errno as E
+import itertools
 import os
 import threading
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
@@ -91,7 +92,7 @@ class BatchResult(msgspec.Struct, frozen=True):
     leaves it ``b""``."""
 
     data: bytes | bytearray = b""
-    written: int = 0
+    written: int = 0  # bytes written (batch_write) or read into the caller's buffer (batch_read_into)
     error: Exception | None = None
 
     @property
@@ -347,6 +348,17 @@ class FileSystem:
     def _max_piece(self) -> int:
         return self.storage.limits.max_bytes
 
+    def _read_piece(self, layout: Layout) -> int:
+        """Reads ask for at most a whole chunk per I/O: a whole chunk is served from its file with
+        its stored CRC (sendfile, nothing recomputed), which slices of a large chunk are not.  A
+        lone I/O larger than the batch byte limit travels in a batch of its own."""
+        return max(self._max_piece(), layout.chunk_size)
+
+    def _write_piece(self, layout: Layout) -> int:
+        """Writes go a whole chunk at a time: a chunk larger than one batch is sent as one
+        ``stor.write`` (see :mod:`.batch`), never as slices that each rewrite the chunk."""
+        return max(self._max_piece(), layout.chunk_size)
+
     def _read_range(self, inode_id: int, layout: Layout, offset: int, length: int, path: str) -> bytes:
         out = bytearray(length)
         self._read_range_into(inode_id, layout, offset, memoryview(out), path)
@@ -354,7 +366,7 @@ class FileSystem:
 
     def _read_range_into(self, inode_id: int, layout: Layout, offset: int, dest: memoryview, path: str) -> None:
         """Fill ``dest`` with the file's bytes at ``offset`` (holes as zeros); all pieces in flight at once."""
-        pieces = _batch.pieces_of(inode_id, layout, offset, len(dest), self._max_piece())
+        pieces = _batch.pieces_of(inode_id, layout, offset, len(dest), self._read_piece(layout))
         errs = _batch.read_pieces_into(self.storage, pieces, [dest[p.at:p.at + p.length] for p in pieces])
         for err in errs:
             if err is not None:
@@ -362,9 +374,9 @@ class FileSystem:
                 raise err
 
     def _write_range(self, inode_id: int, layout: Layout, offset: int, data: memoryview, path: str) -> None:
-        pieces = [_batch.WritePiece(p.chain_id, p.chunk_id, p.offset, layout.chunk_size,
-                                    bytes(data[p.at:p.at + p.length]))
-                  for p in _batch.pieces_of(inode_id, layout, offset, len(data), self._max_piece())]
+        # views, not copies: the call returns only once every piece is written (or failed)
+        pieces = [_batch.WritePiece(p.chain_id, p.chunk_id, p.offset, layout.chunk_size, data[p.at:p.at + p.length])
+                  for p in _batch.pieces_of(inode_id, layout, offset, len(data), self._write_piece(layout))]
         for err in _batch.write_pieces(self.storage, self._pool, pieces, self.settings.retry_deadline_s):
             if err is not None:
                 err.fields.setdefault("path", path)
@@ -431,7 +443,7 @@ class FileSystem:
             _, inode = r
             assert inode.layout is not None
             buf = bytearray(max(0, min(off + n, inode.length) - off))
-            ps = _batch.pieces_of(inode.id, inode.layout, off, len(buf), self._max_piece())
+            ps = _batch.pieces_of(inode.id, inode.layout, off, len(buf), self._read_piece(inode.layout))
             spans.append((len(pieces), len(ps), buf))
             pieces.extend(ps)
             dests.extend(memoryview(buf)[p.at:p.at + p.length] for p in ps)
@@ -444,6 +456,53 @@ class FileSystem:
                 continue
             err = next((e for e in errs[start:start + count] if e is not None), None)
             out.append(BatchResult(error=err) if err else BatchResult(data=buf))
+        return out
+
+    def batch_read_into(self, ios: Sequence[tuple[str | File, int, Buffer]]) -> list[BatchResult]:
+        """Read many ``(path or File, offset, buffer)`` at once, each into its writable buffer;
+        one result per I/O with ``written`` = the bytes read (short at EOF; the rest of the
+        buffer is left as it was).  Holes read as zeros.
+
+        Like :meth:`batch_read` without allocating (and zero-filling) a result buffer per I/O:
+        the pieces are received straight into the caller's memory, e.g. ``np.empty`` arrays
+        that tensors are then built on.  Bad arguments (a read-only buffer) raise first."""
+        views: list[memoryview] = []
+        for i, (t, off, buf) in enumerate(ios):
+            self._check_target(t, i)
+            try:
+                v = memoryview(buf)  # type: ignore[arg-type]
+            except TypeError:
+                raise InvalidArgument(f"batch_read_into item {i}: buffer must be a writable bytes-like object, "
+                                      f"got {type(buf).__name__}") from None
+            if v.readonly:
+                raise InvalidArgument(f"batch_read_into item {i}: buffer is read-only")
+            v = v.cast("B") if v.format != "B" or v.ndim != 1 else v
+            check_range(off, v.nbytes, what=f"batch_read_into item {i}", limit=self.settings.max_io_bytes)
+            views.append(v)
+        resolved = self._inodes([t for t, _, _ in ios], os.O_RDONLY)
+        pieces: list[_batch.Piece] = []
+        dests: list[memoryview] = []
+        spans: list[tuple[int, int, int]] = []  # (first piece, piece count, bytes to read)
+        for (_, off, _), v, r in zip(ios, views, resolved, strict=True):
+            if isinstance(r, Exception):
+                spans.append((len(pieces), 0, 0))
+                continue
+            _, inode = r
+            assert inode.layout is not None
+            n = max(0, min(off + v.nbytes, inode.length) - off)
+            ps = _batch.pieces_of(inode.id, inode.layout, off, n, self._read_piece(inode.layout))
+            spans.append((len(pieces), len(ps), n))
+            pieces.extend(ps)
+            dests.extend(v[p.at:p.at + p.length] for p in ps)
+        errs = _batch.read_pieces_into(self.storage, pieces, dests) if pieces else []
+        del dests
+        out: list[BatchResult] = []
+        for (start, count, n), r in zip(spans, resolved, strict=True):
+            if isinstance(r, Exception):
+                out.append(BatchResult(error=r))
+                continue
+            err = next((e for e in errs[start:start + count] if e is not None), None)
+            out.append(BatchResult(error=err) if err else BatchResult(written=n))
         return out
 
     def batch_write(self, ios: Sequence[tuple[str | File, int, Buffer]]) -> list[BatchResult]:
@@ -466,15 +525,17 @@ class FileSystem:
             _, inode = r
             assert inode.layout is not None
             view = memoryview(data).cast("B")
-            for p in _batch.pieces_of(inode.id, inode.layout, off, len(view), self._max_piece()):
+            for p in _batch.pieces_of(inode.id, inode.layout, off, len(view), self._write_piece(inode.layout)):
                 pieces.append(_batch.WritePiece(p.chain_id, p.chunk_id, p.offset, inode.layout.chunk_size,
-                                                bytes(view[p.at:p.at + p.length])))
+                                                view[p.at:p.at + p.length]))  # a view: no copy per piece
                 owner.append(i)
-        errs = _batch.write_pieces(self.storage, self._pool, pieces, self.settings.retry_deadline_s)
+        merged, owners = _merge_adjacent(pieces, owner)
+        errs = _batch.write_pieces(self.storage, self._pool, merged, self.settings.retry_deadline_s)
         failed: dict[int, Exception] = {}
-        for i, e in zip(owner, errs, strict=True):
+        for ws, e in zip(owners, errs, strict=True):
             if e is not None:
-                failed.setdefault(i, e)
+                for i in ws:
+                    failed.setdefault(i, e)
         ends: dict[int, int] = {}
         out: list[BatchResult] = []
         for i, ((_, off, data), r) in enumerate(zip(ios, resolved, strict=True)):
@@ -488,3 +549,38 @@ class FileSystem:
         for inode_id, end in ends.items():
             self._report_length(inode_id, end)
         return out
+
+
+def _merge_adjacent(pieces: list[_batch.WritePiece], owner: list[int]) -> tuple[list[_batch.WritePiece], list[list[int]]]:
+    """Join pieces that continue each other inside one chunk (e.g. two tensors that share a
+    64 MiB chunk) into one piece, so the chunk gets one new version instead of one per piece
+    (every version is a copy-on-write of the chunk with its own fsyncs).  Only exactly
+    adjacent pieces are joined: bytes between pieces are never touched.  Returns the pieces
+    and, per piece, the I/Os it carries."""
+    by_chunk: dict[tuple[int, bytes], list[int]] = {}
+    for k, p in enumerate(pieces):
+        by_chunk.setdefault((p.chain_id, p.chunk_id.to_bytes()), []).append(k)
+    if all(len(ks) == 1 for ks in by_chunk.values()):
+        return pieces, [[i] for i in owner]
+    out: list[_batch.WritePiece] = []
+    owners: list[list[int]] = []
+    for ks in by_chunk.values():
+        spans = sorted((pieces[k].offset, pieces[k].offset + len(pieces[k].data)) for k in ks)
+        if any(b[0] < a[1] for a, b in itertools.pairwise(spans)):  # overlapping: keep their order
+            out.extend(pieces[k] for k in ks)
+            owners.extend([owner[k]] for k in ks)
+            continue
+        ks.sort(key=lambda k: pieces[k].offset)
+        run = [ks[0]]
+        for k in [*ks[1:], None]:
+            last = pieces[run[-1]]
+            if k is not None and pieces[k].offset == last.offset + len(last.data):
+                run.append(k)
+                continue
+            first = pieces[run[0]]
+            data = first.data if len(run) == 1 else b"".join(pieces[j].data for j in run)
+            out.append(_batch.WritePiece(first.chain_id, first.chunk_id, first.offset, first.chunk_size, data))
+            owners.append(sorted({owner[j] for j in run}))
+            if k is not None:
+                run = [k]
+    return out, owners

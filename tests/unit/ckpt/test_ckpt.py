@@ -174,3 +174,32 @@ def test_write_and_read_with_plain_bytes_fs(tmp_path):
     back = unflatten(index.tree, got)
     assert_same(state, back)
     back["x"].mul_(2)  # a writable buffer even though the fs returned bytes
+
+
+def test_parallel_crc_check_names_the_corrupted_tensor(tmp_path):
+    """Through ParallelFS with a pool the CRCs are checked on its threads (>= 64 MiB of
+    tensors); the error still names the first corrupted tensor in index order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fireflyer.ckpt.shard import ParallelFS
+
+    fs = LocalFS(tmp_path)
+    state = {f"t{i}": torch.full((5 << 20,), float(i)) for i in range(4)}  # 4 x 20 MiB
+    with ThreadPoolExecutor(3) as pool:
+        pfs = ParallelFS(fs, pool, 3, piece_bytes=4 << 20)
+        flat = flatten(state)
+        index, _ = pack(flat, shard_bytes=48 << 20)
+        write_shards(pfs, "d", index, flat)
+        assert_same(unflatten(index.tree, read_tensors(pfs, "d", index)), state)
+        for name in ("t3", "t1"):  # two bad tensors: t1 comes first in the index
+            e = next(e for e in index.entries if e.path == name)
+            with open(os.path.join(tmp_path, "d", index.shards[e.shard].name), "r+b") as f:
+                f.seek(e.offset + e.nbytes - 1)
+                last = f.read(1)
+                f.seek(e.offset + e.nbytes - 1)
+                f.write(bytes([last[0] ^ 1]))
+        with pytest.raises(CheckpointCorrupted) as ei:
+            read_tensors(pfs, "d", index)
+        assert ei.value.path == "t1"
+        got = read_tensors(pfs, "d", index, verify=False)  # unverified reads still work
+        assert got["t0"].equal(state["t0"])
