@@ -123,7 +123,7 @@ class CheckpointService(Service):
         """``root`` world-writable and sticky (as /tmp): every user's job gets its own directory
         in it, which only that user (and admins) may change."""
         self.fs.mkdir(root, 0o1777, parents=True, exist_ok=True)
-        self.fs._call(self.fs.meta.setattr(root, mode=0o1777))
+        self.fs.chmod(root, 0o1777)
 
     def _on_committed(self, rec: CheckpointRecord) -> None:
         """Called by the Catalog on a worker thread: publish on the service's loop and wait."""

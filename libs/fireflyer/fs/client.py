@@ -291,6 +291,10 @@ class FileSystem:
     def set_dir_policy(self, path: str, policy: LayoutPolicy | None) -> Inode:
         return self._call(self.meta.set_dir_policy(path, policy))
 
+    def chmod(self, path: str, mode: int) -> Inode:
+        """Set the permission bits (incl. sticky/setgid) of ``path``; the owner or an admin may."""
+        return self._call(self.meta.setattr(path, mode=mode))
+
     def truncate(self, path: str, length: int) -> Inode:
         """Set a file's length; shrinking removes the data past it on storage before returning."""
         check_range(0, length, what=f"truncate {path}", limit=1 << 62)

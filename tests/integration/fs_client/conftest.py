@@ -72,7 +72,7 @@ def admin_fs(fs_cluster: LocalCluster) -> Iterator[FileSystem]:
 def shared_root(admin_fs: FileSystem) -> str:
     """A world-writable directory (the root belongs to root; the client runs as a user)."""
     admin_fs.mkdir("/u", 0o777)
-    admin_fs._call(admin_fs.meta.setattr("/u", mode=0o777))
+    admin_fs.chmod("/u", 0o777)
     return "/u"
 
 

@@ -102,7 +102,7 @@ def test_bad_input_is_refused_and_writes_nothing(ffs: FileSystem, workdir: str) 
     with pytest.raises(FsError) as e:
         ffs.open(workdir, "rb")
     assert e.value.errno == errno.EISDIR
-    ffs._call(ffs.meta.setattr(path, mode=0o444))
+    ffs.chmod(path, 0o444)
     with pytest.raises(FsError) as e:
         ffs.open(path, "r+b")
     assert e.value.errno == errno.EACCES
