@@ -35,7 +35,16 @@ from .model import (
     ShardCommit,
     decode_manifest,
 )
-from .shard import BatchFS, CheckpointCorrupted, ParallelFS, ShardLayout, pack, read_tensors, write_shards
+from .shard import (
+    BatchFS,
+    CheckpointCorrupted,
+    ParallelFS,
+    ShardLayout,
+    pack,
+    read_tensors,
+    write_index,
+    write_shards,
+)
 from .state import FlatState, flatten, select, unflatten
 
 # The manager and the snapshot import torch (seconds); they load on first use, so the
@@ -56,7 +65,7 @@ __all__ = [
     "flatten", "unflatten", "select", "FlatState",
     "ShardIndex", "TensorEntry", "ValueEntry", "ShardFile", "encode_index", "decode_index",
     "pack", "write_shards", "read_tensors", "ShardLayout", "CheckpointCorrupted", "BatchFS",
-    "LocalFS", "save", "load", "index_name", "ParallelFS",
+    "LocalFS", "save", "load", "index_name", "ParallelFS", "write_index",
     "Snapshot", "Snapshotter", "snapshot",
     "CheckpointManager", "Catalog", "index_digest",
     "CheckpointRecord", "CkptState", "RetentionPolicy", "Manifest", "ShardCommit", "CheckpointCommitted",
@@ -70,14 +79,7 @@ def save(fs: BatchFS, directory: str, state: Any, *, rank: int = 0, shard_bytes:
     flat = flatten(state)  # refuses bad input before anything is written
     index, _ = pack(flat, rank=rank, shard_bytes=shard_bytes, align=align)
     write_shards(fs, directory, index, flat)
-    data = encode_index(index)
-    path = f"{directory.rstrip('/')}/{index_name(rank)}"
-    if hasattr(fs, "write_bytes"):
-        fs.write_bytes(path, data)  # type: ignore[attr-defined]
-    else:
-        err = fs.batch_write([(path, 0, memoryview(data))])[0].error
-        if err is not None:
-            raise err
+    write_index(fs, directory, index)
     return index
 
 

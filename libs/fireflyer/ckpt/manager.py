@@ -28,10 +28,10 @@ from fireflyer.core.errors import FailedPrecondition, FireFlyerError, FsError, I
 from fireflyer.core.log import get_logger
 
 from .catalog import index_digest
-from .index import decode_index, encode_index, index_name
+from .index import decode_index, index_name
 from .localfs import LocalFS
 from .model import CheckpointRecord, RetentionPolicy, check_job
-from .shard import CheckpointCorrupted, ParallelFS, pack, read_tensors, write_shards
+from .shard import CheckpointCorrupted, ParallelFS, pack, read_tensors, write_index, write_shards
 from .snapshot import Snapshot, Snapshotter
 from .state import unflatten
 
@@ -182,8 +182,7 @@ class CheckpointManager:
             t2 = time.perf_counter()
             nbytes = write_shards(self._pfs, rec.directory, index, snap.flat)
             t3 = time.perf_counter()
-            data = encode_index(index)
-            self.fs.write_bytes(f"{rec.directory}/{index_name(self.rank)}", data)
+            data = write_index(self.fs, rec.directory, index)
             out: CheckpointRecord = self.catalog.commit_shard(rec.id, self.rank, index_digest(data), nbytes)
             t4 = time.perf_counter()
             self.last_timings = {"begin_s": t1 - t0, "pack_crc_s": t2 - t1, "write_s": t3 - t2, "commit_s": t4 - t3}

@@ -21,11 +21,11 @@ import numpy as np
 from fireflyer.core.errors import FireFlyerError, InvalidArgument
 from fireflyer.storage.checksum import crc32c
 
-from .index import ShardFile, ShardIndex, TensorEntry, ValueEntry
+from .index import ShardFile, ShardIndex, TensorEntry, ValueEntry, encode_index, index_name
 from .state import FlatState, ValueLeaf, _as_path, _matches, numpy_dtype, torch_dtype
 
 __all__ = ["ShardLayout", "CheckpointCorrupted", "BatchFS", "pack", "write_shards", "read_tensors",
-           "shard_name", "ParallelFS"]
+           "shard_name", "ParallelFS", "write_index"]
 
 #: the largest single I/O sent to the file system (3FS's default limit is 1 GiB)
 IO_BYTES = 64 << 20
@@ -134,6 +134,18 @@ def write_shards(fs: BatchFS, directory: str, index: ShardIndex,
     if ios:
         _check(fs.batch_write(ios), what)
     return total
+
+
+def write_index(fs: Any, directory: str, index: ShardIndex) -> bytes:
+    """Write ``index`` as the rank's index file, after its shards (a present index means complete
+    shards); returns the bytes written, whose digest the rank commits."""
+    data = encode_index(index)
+    path = _join(directory, index_name(index.rank))
+    if hasattr(fs, "write_bytes"):
+        fs.write_bytes(path, data)
+    else:
+        _check(fs.batch_write([(path, 0, memoryview(data))]), [path])
+    return data
 
 
 def _runs(entries: list[TensorEntry], gap: int) -> list[list[TensorEntry]]:
