@@ -126,3 +126,12 @@ def test_dcp_save_and_load_through_3fs(cluster: LocalCluster) -> None:
         assert torch.equal(target["emb"], src["emb"]) and target["step"] == 7  # type: ignore[arg-type]
     finally:
         fs.close()
+
+
+def test_waiting_for_chains_that_never_come_says_what_it_saw(cluster: LocalCluster) -> None:
+    from fireflyer.core.errors import DeadlineExceeded
+    from fireflyer.storage.serving import wait_chains_serving
+
+    assert wait_chains_serving(cluster.addresses("mgmtd"), cluster.admin_token) == 2
+    with pytest.raises(DeadlineExceeded, match=r"no 5 serving chains after 0.3s \(2 chains"):
+        wait_chains_serving(cluster.addresses("mgmtd"), cluster.admin_token, count=5, timeout_s=0.3)

@@ -13,33 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["checkpoint_demo", "wait_serving_chains"]
-
-
-def wait_serving_chains(mgmtd: list[str], token: str, *, timeout_s: float = 60.0) -> int:
-    """Wait until mgmtd's routing has chains with every target serving; returns their count.
-
-    Storage makes its chains (FF_STORAGE_INIT_CHAINS) a little after ``ff up`` returns."""
-    from fireflyer.core.errors import DeadlineExceeded, FireFlyerError
-    from fireflyer.mgmt.model import PublicState
-    from fireflyer.storage.client_min import MgmtdRouting
-
-    routing = MgmtdRouting(mgmtd, token=token)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            try:
-                r = routing.get()
-                if r.chains and all(s is PublicState.SERVING for c in r.chains for s in c.states):
-                    return len(r.chains)
-            except FireFlyerError:
-                pass
-            if time.monotonic() > deadline:
-                raise DeadlineExceeded(f"no serving storage chains after {timeout_s:g}s; see `ff status` and the "
-                                       "storage logs")
-            time.sleep(0.1)
-    finally:
-        routing.close()
+__all__ = ["checkpoint_demo"]
 
 
 def checkpoint_demo(state_dir: Path, console: Any, *, steps: int = 3) -> bool:
@@ -54,6 +28,7 @@ def checkpoint_demo(state_dir: Path, console: Any, *, steps: int = 3) -> bool:
     from fireflyer.cli.ckpt import ls_table
     from fireflyer.cluster.records import StatePaths, read_record, read_tokens
     from fireflyer.fs import connect
+    from fireflyer.storage.serving import wait_chains_serving
 
     paths = StatePaths(state_dir)
     record = read_record(paths)
@@ -67,7 +42,7 @@ def checkpoint_demo(state_dir: Path, console: Any, *, steps: int = 3) -> bool:
     if ckpt_addr is None or not mgmtd:
         console.print("the cluster file has no checkpoint service or mgmtd: checkpoint demo skipped")
         return True
-    chains = wait_serving_chains(mgmtd, admin.token)
+    chains = wait_chains_serving(mgmtd, admin.token)
     console.print(f"3FS: {chains} storage chains serving")
 
     torch.manual_seed(0)

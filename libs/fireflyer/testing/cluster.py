@@ -94,29 +94,11 @@ class LocalCluster:
         return [p.address for p in self.record.processes if p.name == name]
 
     def wait_chains_serving(self, count: int, *, timeout_s: float = 30.0) -> None:
-        """Block until mgmtd's routing shows ``count`` chains with every target SERVING.
+        """Block until mgmtd's routing shows ``count`` chains with every target SERVING
+        (a fresh cluster serves data a little after ``ff up`` returns)."""
+        from fireflyer.storage.serving import wait_chains_serving
 
-        Storage registers its targets by heartbeat and creates the chains
-        (FF_STORAGE_INIT_CHAINS) after start-up, so a fresh cluster serves data a
-        little after ``ff up`` returns.
-        """
-        from fireflyer.core.errors import FireFlyerError
-        from fireflyer.mgmt.model import PublicState
-        from fireflyer.storage.client_min import MgmtdRouting
-        from fireflyer.testing.poll import wait_until
-
-        routing = MgmtdRouting(self.addresses("mgmtd"), token=self.admin_token)
-        try:
-            def serving() -> bool:
-                try:
-                    r = routing.get()
-                except FireFlyerError:
-                    return False
-                return len(r.chains) == count and all(s is PublicState.SERVING for c in r.chains for s in c.states)
-
-            wait_until(serving, timeout_s=timeout_s, interval_s=0.1, what=f"{count} serving chains")
-        finally:
-            routing.close()
+        wait_chains_serving(self.addresses("mgmtd"), self.admin_token, count=count, timeout_s=timeout_s)
 
     def down(self, timeout_s: float = 10.0) -> subprocess.CompletedProcess[str]:
         return run_ff(["down", "--state-dir", str(self.state_dir), "--timeout", str(timeout_s)], env=self.env)
