@@ -132,6 +132,6 @@ def test_waiting_for_chains_that_never_come_says_what_it_saw(cluster: LocalClust
     from fireflyer.core.errors import DeadlineExceeded
     from fireflyer.storage.serving import wait_chains_serving
 
-    assert wait_chains_serving(cluster.addresses("mgmtd"), cluster.admin_token) == 2
+    # (an earlier test of this module killed a storage node: whatever the targets' states, 5 never come)
     with pytest.raises(DeadlineExceeded, match=r"no 5 serving chains after 0.3s \(2 chains"):
         wait_chains_serving(cluster.addresses("mgmtd"), cluster.admin_token, count=5, timeout_s=0.3)
