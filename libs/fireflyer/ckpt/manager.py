@@ -205,7 +205,9 @@ class CheckpointManager:
         if not self.chunk_bytes or not hasattr(self.fs, "set_dir_policy"):
             return
         try:
-            policy = self.fs.stat(directory).dir_policy
+            # under the checkpoint service the ranks create the directory (it is theirs)
+            self.fs.mkdir(directory, parents=True, exist_ok=True)
+            policy = self._effective_policy(directory)
             if policy is None or policy.chunk_size >= self.chunk_bytes:
                 return
             from fireflyer.meta import LayoutPolicy
@@ -214,6 +216,16 @@ class CheckpointManager:
                                                            policy.stripe_size))
         except FireFlyerError as e:  # e.g. EPERM: the service made the directory; keep its layout
             log.info("ckpt.manager.chunk_policy_kept", directory=directory, error=str(e))
+
+    def _effective_policy(self, directory: str) -> Any:
+        """The layout policy new files in ``directory`` get: its own, else its nearest ancestor's
+        (3FS directories inherit their parent's policy without recording it)."""
+        path = directory.rstrip("/") or "/"
+        while True:
+            policy = self.fs.stat(path).dir_policy
+            if policy is not None or path == "/":
+                return policy
+            path = path.rsplit("/", 1)[0] or "/"
 
     def _wait_inflight(self) -> None:
         fut = self._inflight
