@@ -135,31 +135,3 @@ def test_waiting_for_chains_that_never_come_says_what_it_saw(cluster: LocalClust
     # (an earlier test of this module killed a storage node: whatever the targets' states, 5 never come)
     with pytest.raises(DeadlineExceeded, match=r"no 5 serving chains after 0.3s \(2 chains"):
         wait_chains_serving(cluster.addresses("mgmtd"), cluster.admin_token, count=5, timeout_s=0.3)
-
-
-def test_checkpoint_directories_get_large_chunks(cluster: LocalCluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Under a directory whose layout policy has small chunks, the manager gives each checkpoint
-    directory ``chunk_bytes`` chunks (fewer chunk writes and fsyncs per byte), same table and stripe."""
-    from fireflyer.ckpt.catalog import Catalog
-    from fireflyer.kv import open_kv
-    from fireflyer.meta import LayoutPolicy
-
-    fs = connect(state_dir=cluster.state_dir, token=cluster.user_token)
-    kv = open_kv(f"sqlite:///{tmp_path / 'cat.db'}")
-    try:
-        fs.mkdir("/ckpt/pol", parents=True, exist_ok=True)
-        fs.set_dir_policy("/ckpt/pol", LayoutPolicy(1, 256 << 10, 2))
-        mgr = CheckpointManager("pol", catalog=Catalog(kv, fs, root="/ckpt/pol"), fs=fs, chunk_bytes=1 << 20)
-        try:
-            rec = mgr.save(1, _state(3), blocking=True).result()
-            policy = fs.stat(rec.directory).dir_policy
-            assert policy is not None and (policy.chain_table_id, policy.chunk_size, policy.stripe_size) == \
-                (1, 1 << 20, 2)
-            shard = next(e.name for e in fs.listdir(rec.directory) if e.name.endswith(".bin"))
-            assert fs.stat(f"{rec.directory}/{shard}").layout.chunk_size == 1 << 20  # type: ignore[union-attr]
-            assert _same(mgr.load(), _state(3))
-        finally:
-            mgr.close()
-    finally:
-        kv.close()
-        fs.close()

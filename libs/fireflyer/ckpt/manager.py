@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from fireflyer.core.clock import SYSTEM_CLOCK, Clock
-from fireflyer.core.errors import FailedPrecondition, FireFlyerError, FsError, InvalidArgument, NotFound
+from fireflyer.core.errors import FailedPrecondition, FsError, InvalidArgument, NotFound
 from fireflyer.core.log import get_logger
 
 from .catalog import index_digest
@@ -59,17 +59,13 @@ class CheckpointManager:
     retention.  ``after_write`` is a fault-injection hook called in the I/O thread after each
     part of a shard write.
 
-    ``chunk_bytes``: on 3FS, the chunk size the checkpoint directory's new files get when its
-    layout policy has smaller chunks (the ranks' owner may set it; 0 leaves the policy alone).
-    Every chunk a storage target writes costs fsyncs of its file, directory and metadata, so
-    4 MiB chunks make a checkpoint latency-bound; 64 MiB chunks (3FS's largest) amortize them.
     ``last_timings`` holds the phases (seconds) of the last completed save."""
 
     def __init__(self, job: str, root: str | os.PathLike[str] | None = None, interval_s: float = 300.0,
                  keep_last: int = 3, *, keep_every: int = 0, rank: int | None = None,
                  world_size: int | None = None, catalog: Any = None, fs: Any = None,
                  shard_bytes: int = 256 << 20, io_threads: int = 4, clock: Clock | None = None,
-                 abandon_after_s: float = 600.0, copy_threads: int = 1, chunk_bytes: int = 64 << 20,
+                 abandon_after_s: float = 600.0, copy_threads: int = 1,
                  after_write: Callable[[], None] | None = None) -> None:
         self.job = check_job(job)
         self.rank = _env_int("FF_RANK", 0) if rank is None else rank
@@ -84,7 +80,6 @@ class CheckpointManager:
         self.retention = RetentionPolicy(keep_last=keep_last, keep_every=keep_every).check()
         self.interval_s = float(interval_s)
         self.shard_bytes = shard_bytes
-        self.chunk_bytes = chunk_bytes
         self.last_timings: dict[str, float] = {}
         self.clock = clock or SYSTEM_CLOCK
         self._own_kv: Any = None
@@ -175,7 +170,6 @@ class CheckpointManager:
         try:
             t0 = time.perf_counter()
             rec = self.catalog.begin(self.job, step, self.world_size, meta, retention=self.retention)
-            self._prefer_large_chunks(rec.directory)
             snap.wait()  # the device-to-host copies overlap the begin round trip
             t1 = time.perf_counter()
             index, _ = pack(snap.flat, rank=self.rank, shard_bytes=self.shard_bytes)
@@ -197,35 +191,6 @@ class CheckpointManager:
                 except Exception as abort_err:  # noqa: BLE001 -- best effort; sweep aborts it later anyway
                     log.warning("ckpt.manager.abort_failed", checkpoint=rec.id, error=repr(abort_err))
             raise
-
-    def _prefer_large_chunks(self, directory: str) -> None:
-        """Give the checkpoint directory ``chunk_bytes`` chunks (same chain table and stripe)
-        when its policy has smaller ones; best effort: a directory this user does not own, or a
-        file system without layout policies, keeps what it has."""
-        if not self.chunk_bytes or not hasattr(self.fs, "set_dir_policy"):
-            return
-        try:
-            # under the checkpoint service the ranks create the directory (it is theirs)
-            self.fs.mkdir(directory, parents=True, exist_ok=True)
-            policy = self._effective_policy(directory)
-            if policy is None or policy.chunk_size >= self.chunk_bytes:
-                return
-            from fireflyer.meta import LayoutPolicy
-
-            self.fs.set_dir_policy(directory, LayoutPolicy(policy.chain_table_id, self.chunk_bytes,
-                                                           policy.stripe_size))
-        except FireFlyerError as e:  # e.g. EPERM: the service made the directory; keep its layout
-            log.info("ckpt.manager.chunk_policy_kept", directory=directory, error=str(e))
-
-    def _effective_policy(self, directory: str) -> Any:
-        """The layout policy new files in ``directory`` get: its own, else its nearest ancestor's
-        (3FS directories inherit their parent's policy without recording it)."""
-        path = directory.rstrip("/") or "/"
-        while True:
-            policy = self.fs.stat(path).dir_policy
-            if policy is not None or path == "/":
-                return policy
-            path = path.rsplit("/", 1)[0] or "/"
 
     def _wait_inflight(self) -> None:
         fut = self._inflight
