@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import random
@@ -96,6 +97,7 @@ class BenchCluster:
 def bench_cluster(root: Path, *, servers: int, replicas: int, targets: int, chunk: int, fsync: bool,
                   progress: Callable[[str], None]) -> Iterator[BenchCluster]:
     """``ff up`` under ``root``, wait for every chain to serve, make ``/bench`` striped over them all."""
+    from fireflyer.core.errors import FsError
     from fireflyer.fs import connect
     from fireflyer.meta.model import LayoutPolicy
     from fireflyer.testing.cluster import started_cluster
@@ -113,7 +115,17 @@ def bench_cluster(root: Path, *, servers: int, replicas: int, targets: int, chun
             wait_until(lambda: (fs.storage.refresh(), len(fs.storage.routing.chains) == want)[1],
                        timeout_s=30.0, interval_s=0.1, what="client routing")
             fs.mkdir(BENCH_DIR)
-            fs.set_dir_policy(BENCH_DIR, LayoutPolicy(1, chunk, want))
+
+            def set_policy() -> bool:
+                try:
+                    fs.set_dir_policy(BENCH_DIR, LayoutPolicy(1, chunk, want))
+                except FsError as e:
+                    if e.errno == errno.EINVAL:  # meta's routing (pulled every second) predates table 1
+                        return False
+                    raise
+                return True
+
+            wait_until(set_policy, timeout_s=30.0, interval_s=0.2, what="meta to know chain table 1")
             yield BenchCluster(cluster, fs, want)
         finally:
             fs.close()
