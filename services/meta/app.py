@@ -6,6 +6,7 @@ Settings (``FF_META_*``, file section ``[meta]``; see :class:`MetaSection`)::
     FF_META_USERS         {"alice": {"uid": 1000, "gid": 1000}} (see users.py)
     FF_META_THREADS       threads running mutations (0 = auto by backend)
     FF_META_INLINE_READS  read-only calls on the event loop (default: on SQLite only)
+    FF_META_INLINE_WRITES mutations on the event loop unless they would wait (default: on SQLite only)
     FF_MGMTD_ADDR         mgmtd host:port; chain tables then come from its routing info
     FF_META_STATIC_CHAINS chains of the static table used without mgmtd
 
@@ -31,6 +32,7 @@ import msgspec
 from fireflyer.api.meta.v1 import meta_pb2_grpc
 from fireflyer.core.config import ServiceSettings
 from fireflyer.core.errors import SettingsError
+from fireflyer.core.log import get_logger
 from fireflyer.core.runtime import Service, ServiceContext
 from fireflyer.kv import KV, open_kv
 from fireflyer.meta import ChainTableSource, LayoutPolicy, MetaStore, StaticChainTables
@@ -41,6 +43,8 @@ from .servicer import SERVICE_NAME, MetaServicer
 from .users import UserIds
 
 __all__ = ["MetaSection", "MetaSettings", "MetaService", "kv_url_for"]
+
+log = get_logger(__name__)
 
 
 class MetaSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -55,6 +59,10 @@ class MetaSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     #: None = auto: yes on SQLite (a local snapshot read is cheaper than the thread hop), no on
     #: PostgreSQL (a read waits on the network, which must not stall the loop)
     inline_reads: bool | None = None
+    #: run mutations on the event loop, inside ``kv.nonblocking()``: one that would wait for the
+    #: KV's write lock (or a retry) goes to the pool instead; None = auto: yes where the KV
+    #: supports it (SQLite: the lock is local, so "would wait" is known without waiting)
+    inline_writes: bool | None = None
     #: the chain table used when no mgmtd is configured
     static_table_id: int = 1
     static_chains: list[int] = msgspec.field(default_factory=lambda: list(range(1, 17)))
@@ -112,6 +120,7 @@ class MetaService(Service):
         local = url.startswith("sqlite:")
         threads = s.meta.threads or (4 if local else 16)
         inline_reads = local if s.meta.inline_reads is None else s.meta.inline_reads
+        inline_writes = local if s.meta.inline_writes is None else s.meta.inline_writes
         self.kv = open_kv(url)
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="meta")
         tables: ChainTableSource
@@ -126,6 +135,7 @@ class MetaService(Service):
         await asyncio.get_running_loop().run_in_executor(self.pool, MetaStore.init, self.kv)
         store = MetaStore(self.kv, tables=tables, root_policy=root)
         common: dict[str, Any] = dict(users=s.meta.users, pool=self.pool, inline_reads=inline_reads,
+                                      inline_writes=inline_writes,
                                       on_unknown_table=self.follower.refresh_now if self.follower else None)
         if s.mgmtd_addr and s.token:  # storage is reachable: truncates and GC reach the chunks
             self.cleaner = StorageCleaner(_storage_factory(s.mgmtd_addr, s.token))
@@ -137,9 +147,12 @@ class MetaService(Service):
             self.servicer = MetaServicer(store, **common)
         ctx.add_servicer(meta_pb2_grpc.add_MetaServiceServicer_to_server, self.servicer, SERVICE_NAME)
         ctx.log.info("meta.ready", kv=getattr(self.kv, "backend", "?"), threads=threads, inline_reads=inline_reads,
+                     inline_writes=inline_writes,
                      chain_tables="mgmtd" if self.follower else "static", users=len(s.meta.users))
 
     async def stop(self) -> None:
+        if self.servicer is not None:  # how often an inline mutation had to go to the pool
+            log.info("meta.stopping", calls=self.servicer.calls, deferred_to_pool=self.servicer.deferred)
         if self.cleaner is not None:
             self.cleaner.close()
         if self.follower is not None:

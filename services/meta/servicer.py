@@ -3,10 +3,10 @@
 Each RPC (1) checks the request's shape (paths absolute, no NUL bytes, modes
 in range) so malformed input fails with INVALID_ARGUMENT before the store is
 touched, (2) maps the bearer token's user to a ``Caller`` (see ``users``),
-(3) runs the synchronous :class:`fireflyer.meta.MetaStore` method: mutations
-on a thread pool (a commit may wait for the KV's write lock; the event loop
-must keep serving other calls), read-only calls inline on the loop when
-``inline_reads`` (see :meth:`MetaServicer._read`), and (4) converts the msgspec
+(3) runs the synchronous :class:`fireflyer.meta.MetaStore` method: read-only
+calls inline on the loop when ``inline_reads`` (see :meth:`MetaServicer._read`),
+mutations inline when ``inline_writes`` and the KV can commit without waiting,
+else on a thread pool (see :meth:`MetaServicer._write`), and (4) converts the msgspec
 result to protobuf with :mod:`fireflyer.fs.meta_codec`.  Mutations pass the
 request's ``request_id`` to the store, which records the outcome in the KV, so
 a client retrying on another replica gets the first outcome back.
@@ -31,6 +31,7 @@ from fireflyer.api.meta.v1 import meta_pb2 as pb
 from fireflyer.api.meta.v1 import meta_pb2_grpc
 from fireflyer.core.errors import InvalidArgument, NotFound
 from fireflyer.fs import meta_codec as codec
+from fireflyer.kv import KVWouldBlock
 from fireflyer.meta import Caller, FsInvalidArgument, MetaStore
 from fireflyer.rpc import current_principal
 
@@ -87,13 +88,17 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     """Stateless adapter from gRPC to one :class:`MetaStore` (shared by all calls)."""
 
     def __init__(self, store: MetaStore, *, users: Mapping[str, UserIds], pool: ThreadPoolExecutor,
-                 on_unknown_table: Callable[[], Awaitable[bool]] | None = None, inline_reads: bool = True) -> None:
+                 on_unknown_table: Callable[[], Awaitable[bool]] | None = None, inline_reads: bool = True,
+                 inline_writes: bool = False) -> None:
         self.store = store
         self.users = users
         self.pool = pool
         self.on_unknown_table = on_unknown_table
         self.inline_reads = inline_reads
+        self.inline_writes = inline_writes and store.kv.supports_nonblocking
         self.calls = 0
+        #: mutations tried inline that had to wait and went to the pool instead
+        self.deferred = 0
         #: Caller per principal: the users table is fixed for the servicer's life, and hashing a
         #: name to a uid on every call was a visible share of a small call's server time
         self._callers: dict[Any, Caller] = {}
@@ -128,18 +133,37 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
             return fn(*args, **kw)
         return await self._run(fn, *args, **kw)
 
+    async def _write(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        """Run a store mutation.  With ``inline_writes`` it first runs on the event loop
+        inside ``kv.nonblocking()``: a metadata transaction is a few hundred microseconds
+        of CPU, less than the two thread hops to the pool and back cost (GIL hand-offs
+        and context switches were the largest share of a create's server time), and the
+        KV fails it with ``KVWouldBlock``, having applied nothing, where it would wait
+        (the write lock held by another replica, a conflict retry's backoff).  Only
+        then does it go to the pool, where waiting is fine.  The store's request id
+        keeps the second run exactly-once as any retry."""
+        if self.inline_writes:
+            self.calls += 1
+            try:
+                with self.store.kv.nonblocking():
+                    return fn(*args, **kw)
+            except KVWouldBlock:
+                self.deferred += 1
+                self.calls -= 1
+        return await self._run(fn, *args, **kw)
+
     async def _run_layout(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
-        """Like :meth:`_run` for calls that pick a chain table: when the store says the
+        """Like :meth:`_write` for calls that pick a chain table: when the store says the
         table does not exist (an error carrying ``table``), refresh routing info from
         mgmtd once and retry, since the cache may just not have seen it yet."""
         try:
-            return await self._run(fn, *args, **kw)
+            return await self._write(fn, *args, **kw)
         except (InvalidArgument, NotFound) as e:
             if self.on_unknown_table is None or "table" not in e.fields:
                 raise
             if not await self.on_unknown_table():
                 raise
-        return await self._run(fn, *args, **kw)
+        return await self._write(fn, *args, **kw)
 
     # -- namespace ----------------------------------------------------------------------
     async def Mkdir(self, request: pb.MkdirRequest, context: Any) -> pb.MkdirReply:
@@ -161,7 +185,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     async def Open(self, request: pb.OpenRequest, context: Any) -> pb.OpenReply:
         path = check_path(request.path)
         if request.flags & (os.O_TRUNC | os.O_CREAT):  # may write
-            res = await self._run(self.store.open, self._caller(), path, request.flags)
+            res = await self._write(self.store.open, self._caller(), path, request.flags)
         else:
             res = await self._read(self.store.open, self._caller(), path, request.flags)
         return pb.OpenReply(inode=codec.inode_to_pb(res.inode), created=res.created)
@@ -186,15 +210,15 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     async def Rename(self, request: pb.RenameRequest, context: Any) -> pb.RenameReply:
         src, dst = check_path(request.src, "src"), check_path(request.dst, "dst")
-        await self._run(self.store.rename, self._caller(), src, dst, request_id=request_id(request))
+        await self._write(self.store.rename, self._caller(), src, dst, request_id=request_id(request))
         return pb.RenameReply()
 
     async def Unlink(self, request: pb.UnlinkRequest, context: Any) -> pb.UnlinkReply:
-        await self._run(self.store.unlink, self._caller(), check_path(request.path), request_id=request_id(request))
+        await self._write(self.store.unlink, self._caller(), check_path(request.path), request_id=request_id(request))
         return pb.UnlinkReply()
 
     async def Rmdir(self, request: pb.RmdirRequest, context: Any) -> pb.RmdirReply:
-        await self._run(self.store.rmdir, self._caller(), check_path(request.path), request_id=request_id(request))
+        await self._write(self.store.rmdir, self._caller(), check_path(request.path), request_id=request_id(request))
         return pb.RmdirReply()
 
     async def Symlink(self, request: pb.SymlinkRequest, context: Any) -> pb.SymlinkReply:
@@ -202,7 +226,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         if not request.target or "\0" in request.target or len(request.target.encode()) > MAX_PATH:
             raise FsInvalidArgument(f"symlink target {request.target!r} is empty, has a NUL byte or is too long",
                                   path=link, target=request.target[:256])
-        inode = await self._run(self.store.symlink, self._caller(), request.target, link,
+        inode = await self._write(self.store.symlink, self._caller(), request.target, link,
                                 request_id=request_id(request))
         return pb.SymlinkReply(inode=codec.inode_to_pb(inode))
 
@@ -212,12 +236,12 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     async def Link(self, request: pb.LinkRequest, context: Any) -> pb.LinkReply:
         existing, new = check_path(request.existing, "existing"), check_path(request.new_path, "new_path")
-        inode = await self._run(self.store.link, self._caller(), existing, new, request_id=request_id(request))
+        inode = await self._write(self.store.link, self._caller(), existing, new, request_id=request_id(request))
         return pb.LinkReply(inode=codec.inode_to_pb(inode))
 
     async def Truncate(self, request: pb.TruncateRequest, context: Any) -> pb.TruncateReply:
         path = check_path(request.path)
-        inode = await self._run(self.store.truncate, self._caller(), path, request.length,
+        inode = await self._write(self.store.truncate, self._caller(), path, request.length,
                                 request_id=request_id(request))
         return pb.TruncateReply(inode=codec.inode_to_pb(inode))
 
@@ -230,7 +254,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         mode = opt("mode")
         if mode is not None:
             check_mode(mode, path)
-        inode = await self._run(self.store.setattr, self._caller(), path, mode=mode, uid=opt("uid"),
+        inode = await self._write(self.store.setattr, self._caller(), path, mode=mode, uid=opt("uid"),
                                 gid=opt("gid"), atime=opt("atime"), mtime=opt("mtime"),
                                 request_id=request_id(request))
         return pb.SetattrReply(inode=codec.inode_to_pb(inode))
@@ -239,7 +263,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         return codec.statfs_to_pb(await self._run(self.store.statfs, self._caller()))
 
     async def ReportLength(self, request: pb.ReportLengthRequest, context: Any) -> pb.ReportLengthReply:
-        inode = await self._run(self.store.report_length, self._caller(), request.inode_id, request.length)
+        inode = await self._write(self.store.report_length, self._caller(), request.inode_id, request.length)
         return pb.ReportLengthReply(inode=codec.inode_to_pb(inode))
 
     async def SetDirPolicy(self, request: pb.SetDirPolicyRequest, context: Any) -> pb.SetDirPolicyReply:

@@ -34,6 +34,7 @@ from .errors import (
     KVInvalidArgument,
     KVTimeout,
     KVUnavailable,
+    KVWouldBlock,
     TransactionTooOld,
 )
 from .faults import CommitInfo, Fault, FaultInjector
@@ -57,6 +58,7 @@ __all__ = [
     "KVUnavailable",
     "TransactionTooOld",
     "KVTimeout",
+    "KVWouldBlock",
     "KVInvalidArgument",
     "FaultInjector",
     "Fault",

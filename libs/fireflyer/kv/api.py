@@ -16,10 +16,11 @@ records written in the same transaction (3FS's ``IDEM`` records, 30 min expiry).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl
 
@@ -35,6 +36,7 @@ from .errors import (
     KVInvalidArgument,
     KVTimeout,
     KVUnavailable,
+    KVWouldBlock,
     TransactionTooOld,
 )
 from .faults import FaultInjector
@@ -321,6 +323,9 @@ class KV:
     backend: ClassVar[str] = "?"
     #: False where snapshot reads are still conflict-tracked (PostgreSQL)
     untracked_snapshot_reads: ClassVar[bool] = True
+    #: True where :meth:`nonblocking` can fail fast instead of waiting (SQLite: the write
+    #: lock is local); elsewhere a transaction may always wait on the network
+    supports_nonblocking: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -343,6 +348,7 @@ class KV:
         self._gc_lock = threading.Lock()
         self._last_gc = clock.monotonic()
         self._closed = False
+        self._nb = threading.local()
 
     # -- backend hooks -------------------------------------------------------------
     def _new_txn(self, deadline: float | None, system: bool) -> Txn:
@@ -352,6 +358,23 @@ class KV:
         pass
 
     # -- public ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def nonblocking(self) -> Iterator[None]:
+        """Within the block, on this thread, transactions never wait: where one would have
+        to (a lock held elsewhere, a retry's backoff) it fails with ``KVWouldBlock`` and
+        nothing of that attempt is applied.  For callers on an event loop that run short
+        transactions inline and fall back to a worker thread on ``KVWouldBlock``.  Only
+        meaningful where ``supports_nonblocking``; elsewhere the block changes nothing."""
+        prev = getattr(self._nb, "on", False)
+        self._nb.on = True
+        try:
+            yield
+        finally:
+            self._nb.on = prev
+
+    def _nonblocking_now(self) -> bool:
+        return getattr(self._nb, "on", False)
+
     def begin(self, *, timeout_s: float | None = None) -> Txn:
         """A transaction under manual control (``commit()``/``rollback()``); no retries."""
         if self._closed:
@@ -416,6 +439,9 @@ class KV:
                 err.fields["attempts"] = attempt
                 log.warning("kv.run.gave_up", backend=self.backend, error=err.kind, **err.fields)
                 raise err
+            if self._nonblocking_now():  # a retry would sleep: the caller retries where it may wait
+                raise KVWouldBlock(f"transaction must be retried ({err.kind})", attempts=attempt,
+                                   last_error=err.kind) from err
             delay = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
             delay = delay / 2 + random.uniform(0, delay / 2)
             if deadline is not None and self.clock.monotonic() + delay > deadline:
@@ -493,8 +519,23 @@ class KV:
         now = self.clock.monotonic()
         if now - self._last_gc < self.idempotency_gc_interval_s or not self._gc_lock.acquire(blocking=False):
             return
+        if self._nonblocking_now():  # the GC transaction may wait: not on this thread
+            self._last_gc = now
+            self._gc_lock.release()
+            threading.Thread(target=self._gc_in_background, name="kv-idem-gc", daemon=True).start()
+            return
         try:
             self._last_gc = now
+            self.gc_idempotency()
+        except KVError as e:  # best effort: the next interval tries again
+            log.warning("kv.idempotency_gc.failed", backend=self.backend, error=repr(e))
+        finally:
+            self._gc_lock.release()
+
+    def _gc_in_background(self) -> None:
+        if self._closed or not self._gc_lock.acquire(blocking=False):
+            return
+        try:
             self.gc_idempotency()
         except KVError as e:  # best effort: the next interval tries again
             log.warning("kv.idempotency_gc.failed", backend=self.backend, error=repr(e))

@@ -13,6 +13,10 @@ Which errors ``KV.run`` retries:
 - ``KVUnavailable`` raised *before* commit: always (nothing was sent for commit);
 - ``CommitUnknown``: only with an ``idempotency_key`` or ``idempotent=True``;
 - ``KVTimeout`` and ``KVInvalidArgument``: never.
+
+``KVWouldBlock`` (a ``KVTimeout``) is only raised inside :meth:`KV.nonblocking`: the
+transaction would have had to wait (a lock held by another thread or process, a
+retry with backoff) and was not applied; run it again outside the block.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ __all__ = [
     "KVUnavailable",
     "TransactionTooOld",
     "KVTimeout",
+    "KVWouldBlock",
     "KVInvalidArgument",
     "InvalidArgument",
 ]
@@ -65,6 +70,12 @@ class TransactionTooOld(KVError, Aborted):
 
 class KVTimeout(KVError, DeadlineExceeded):
     """A deadline (``timeout_s`` or the lock wait) passed before the transaction committed."""
+
+
+class KVWouldBlock(KVTimeout):
+    """Inside :meth:`~fireflyer.kv.KV.nonblocking`: the transaction would have had to wait
+    (for the write lock, or for a retry's backoff) and was not applied.  Nothing was
+    written by the attempt; the caller runs it again where waiting is fine."""
 
 
 class KVInvalidArgument(KVError, _core.InvalidArgument):

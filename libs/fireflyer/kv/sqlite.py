@@ -17,7 +17,18 @@ holding its write set (set keys and cleared ranges, msgpack).
   bumps ``version`` and commits: check and apply are one atomic step, so the result
   is serializable (in commit order), exactly FoundationDB's rule.
 - Snapshot reads are not added to the read set; blind writes never conflict;
-  read-only transactions commit without taking the lock.
+  read-only transactions commit without taking the lock (and a transaction with no
+  conflict-tracked read never reads ``version`` at all).
+- Commits go through one writer connection per ``SqliteKV``.  It waits for the write
+  lock with its own short sleeps (50 us doubling to 2 ms; SQLite's busy handler sleeps
+  1 ms and more, far longer than another process's commit holds the lock) and never
+  checkpoints inside a commit: every 500 commits a background thread runs a RESTART
+  checkpoint (see ``_checkpoint_loop``; the fsyncs ``synchronous`` asks for at
+  checkpoints happen there), so the WAL file holds about 500 commits (~20 MB of
+  metadata commits) and is then rewritten from its start.
+- ``KV.nonblocking()`` (for event loops running short transactions inline): a commit
+  that finds the lock held, here or in another process, fails at once with
+  ``KVWouldBlock`` instead of waiting, and nothing of it is applied.
 
 Limits.  One writer at a time per database file (commits are short: the check is
 in-memory over the few commits since the read version).  Log rows older than
@@ -44,7 +55,7 @@ from typing import Any
 import msgspec
 
 from .api import KV, Txn
-from .errors import KVConflict, KVTimeout, KVUnavailable, TransactionTooOld
+from .errors import KVConflict, KVTimeout, KVUnavailable, KVWouldBlock, TransactionTooOld
 from .pool import ConnPool
 from .ranges import RangeSet
 
@@ -58,6 +69,17 @@ _SCHEMA = (
 )
 _GC_EVERY = 128
 _GC_BATCH = 4096
+_VERSION = "SELECT n FROM ff_kv_meta WHERE name = 'version'"
+#: the writer's own wait for the write lock another process holds: first sleep, cap
+_BUSY_FIRST_S = 0.00005
+_BUSY_MAX_S = 0.002
+#: a nonblocking commit retries a held lock this often (no sleep) before giving up
+_NONBLOCKING_SPINS = 3
+#: commits between two background WAL checkpoints (SQLite's own default is every 1000 pages;
+#: a metadata commit writes about ten pages, and a rarer checkpoint stalls writers less often)
+_CHECKPOINT_EVERY = 500
+#: how long a checkpoint waits for the write lock and for readers before doing what it can
+_CHECKPOINT_BUSY_S = 0.05
 _UPSERT = "INSERT INTO ff_kv (k, v) VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v"
 
 
@@ -80,19 +102,34 @@ class _SqliteTxn(Txn):
     def __init__(self, kv: SqliteKV, *, deadline: float | None, system: bool = False) -> None:
         super().__init__(kv, deadline=deadline, system=system)
         self._conn: sqlite3.Connection | None = None
+        self._began = False
         self._rv: int | None = None
 
     def _snapshot(self) -> sqlite3.Connection:
-        if self._rv is None:
-            if self._conn is None:
-                self._conn = self._kv._acquire()
+        """The connection, inside the read transaction that is this txn's snapshot."""
+        conn = self._conn
+        if not self._began:
+            if conn is None:
+                conn = self._conn = self._kv._acquire()
             try:
-                self._conn.execute("BEGIN")
-                self._rv = self._conn.execute("SELECT n FROM ff_kv_meta WHERE name = 'version'").fetchone()[0]
+                conn.execute("BEGIN")
             except sqlite3.Error as e:
                 raise KVUnavailable(f"sqlite read failed: {e}", path=self._kv.path) from e
-        assert self._conn is not None
-        return self._conn
+            self._began = True
+        assert conn is not None
+        return conn
+
+    def _read_version(self) -> int:
+        """The read version: the commit ``version`` as of the snapshot.  Read only when a
+        conflict-tracked read needs it (snapshot-only transactions skip the query); the
+        read transaction fixes the snapshot, so reading it later gives the same value."""
+        if self._rv is None:
+            conn = self._snapshot()
+            try:
+                self._rv = conn.execute(_VERSION).fetchone()[0]
+            except sqlite3.Error as e:
+                raise KVUnavailable(f"sqlite read failed: {e}", path=self._kv.path) from e
+        return self._rv
 
     def _db_get(self, key: bytes) -> bytes | None:
         conn = self._snapshot()
@@ -114,7 +151,7 @@ class _SqliteTxn(Txn):
             raise KVUnavailable(f"sqlite read failed: {e}", path=self._kv.path) from e
 
     def _on_read_conflict(self, begin: bytes, end: bytes, explicit: bool) -> None:
-        self._snapshot()  # fixes the read version the conflict check starts from
+        self._read_version()  # fixes the read version the conflict check starts from
 
     def _commit_backend(self, delay_s: float) -> None:
         kv = self._kv
@@ -124,32 +161,60 @@ class _SqliteTxn(Txn):
                 conn.execute("COMMIT")  # ends the read snapshot; nothing was written in it
             if self.read_only:
                 return
-            if conn is None:
-                conn = self._conn = kv._acquire()
-            wait = kv.busy_timeout_s
-            if self._deadline is not None:
-                wait = min(wait, max(self._deadline - kv.clock.monotonic(), 0.0))
-            if not kv._commit_lock.acquire(timeout=wait):
-                raise KVTimeout(
-                    "timed out waiting for this process's commit queue", path=kv.path, wait_s=wait
-                )
+            nonblocking = kv._nonblocking_now()
+            if nonblocking:
+                if not kv._commit_lock.acquire(blocking=False):
+                    raise KVWouldBlock("another thread of this process is committing", path=kv.path)
+            else:
+                wait = kv.busy_timeout_s
+                if self._deadline is not None:
+                    wait = min(wait, max(self._deadline - kv.clock.monotonic(), 0.0))
+                if not kv._commit_lock.acquire(timeout=wait):
+                    raise KVTimeout(
+                        "timed out waiting for this process's commit queue", path=kv.path, wait_s=wait
+                    )
             try:
-                self._write(conn, delay_s)
+                self._write(kv._writer(), delay_s, nonblocking)
             finally:
                 kv._commit_lock.release()
         finally:
             self._abort()
 
-    def _write(self, conn: sqlite3.Connection, delay_s: float) -> None:
+    def _begin_write(self, conn: sqlite3.Connection, nonblocking: bool) -> None:
+        """``BEGIN IMMEDIATE`` on the writer connection (busy timeout 0), retried here with
+        short sleeps: SQLite's own busy handler sleeps 1, 2, 5, 10... ms, far longer than
+        the other process's commit holds the lock.  Nonblocking: a few spins, then
+        ``KVWouldBlock``."""
         kv = self._kv
+        budget = kv.busy_timeout_s
+        if self._deadline is not None:
+            budget = min(budget, max(self._deadline - kv.clock.monotonic(), 0.0))
+        deadline = time.monotonic() + budget  # real time: the sleeps below are real
+        delay = _BUSY_FIRST_S
+        spins = 0
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) and "busy" not in str(e):
+                    raise KVUnavailable(f"sqlite begin failed: {e}", path=kv.path) from e
+                if nonblocking:
+                    spins += 1
+                    if spins > _NONBLOCKING_SPINS:
+                        raise KVWouldBlock("the sqlite write lock is held by another process", path=kv.path) from e
+                    time.sleep(0)
+                    continue
+                if time.monotonic() + delay > deadline:
+                    raise KVTimeout(f"sqlite write lock not acquired: {e}", path=kv.path) from e
+                time.sleep(delay)
+                delay = min(delay * 2, _BUSY_MAX_S)
+
+    def _write(self, conn: sqlite3.Connection, delay_s: float, nonblocking: bool = False) -> None:
+        kv = self._kv
+        self._begin_write(conn, nonblocking)
         try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as e:
-            if "locked" in str(e) or "busy" in str(e):
-                raise KVTimeout(f"sqlite write lock not acquired: {e}", path=kv.path) from e
-            raise KVUnavailable(f"sqlite begin failed: {e}", path=kv.path) from e
-        try:
-            version = conn.execute("SELECT n FROM ff_kv_meta WHERE name = 'version'").fetchone()[0]
+            version = conn.execute(_VERSION).fetchone()[0]
             if self._reads and self._rv is not None and version != self._rv:
                 floor = conn.execute("SELECT n FROM ff_kv_meta WHERE name = 'log_floor'").fetchone()[0]
                 if self._rv < floor:
@@ -193,6 +258,7 @@ class _SqliteTxn(Txn):
             if isinstance(e, sqlite3.Error):
                 raise KVUnavailable(f"sqlite commit failed: {e}", path=kv.path) from e
             raise
+        kv._committed()
 
     def _prune_log(self, conn: sqlite3.Connection) -> None:
         cutoff = self._kv.clock.time() - self._kv.max_txn_age_s
@@ -207,6 +273,7 @@ class _SqliteTxn(Txn):
     def _abort(self) -> None:
         conn, self._conn = self._conn, None
         self._rv = None
+        self._began = False
         if conn is not None:
             self._kv._release(conn)
 
@@ -214,6 +281,7 @@ class _SqliteTxn(Txn):
 class SqliteKV(KV):
     backend = "sqlite"
     untracked_snapshot_reads = True
+    supports_nonblocking = True
 
     def __init__(
         self,
@@ -238,6 +306,11 @@ class SqliteKV(KV):
         self.pool_size = pool_size
         self._pool: ConnPool[sqlite3.Connection] = ConnPool(pool_size, self._connect)
         self._commit_lock = threading.Lock()
+        #: the one connection this KV commits on (under _commit_lock); opened lazily
+        self._writer_conn: sqlite3.Connection | None = None
+        self._commits_since_checkpoint = 0
+        self._checkpoint_wanted = threading.Event()
+        self._checkpointer: threading.Thread | None = None
         conn = self._connect()
         try:
             self._init_schema(conn)
@@ -279,6 +352,68 @@ class SqliteKV(KV):
             raise KVUnavailable(f"cannot open sqlite KV at {self.path}: {e}", path=self.path) from e
         return conn
 
+    def _writer(self) -> sqlite3.Connection:
+        """The commit connection (caller holds ``_commit_lock``): busy timeout 0, since
+        :meth:`_SqliteTxn._begin_write` waits for the lock itself, and no automatic
+        checkpoint, which would run inside a commit and may fsync: a background thread
+        checkpoints instead (:meth:`_committed`), so a commit never waits for the disk."""
+        conn = self._writer_conn
+        if conn is None:
+            if self._closed:
+                raise KVUnavailable("the KV store is closed", path=self.path)
+            try:
+                conn = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
+                conn.execute(f"PRAGMA synchronous={self.synchronous}")
+                conn.execute("PRAGMA wal_autocheckpoint=0")
+            except sqlite3.Error as e:
+                raise KVUnavailable(f"cannot open sqlite KV at {self.path}: {e}", path=self.path) from e
+            self._writer_conn = conn
+        return conn
+
+    def _committed(self) -> None:
+        """After each commit (under ``_commit_lock``): every ``_CHECKPOINT_EVERY`` commits,
+        wake the checkpoint thread (started on first use)."""
+        self._commits_since_checkpoint += 1
+        if self._commits_since_checkpoint < _CHECKPOINT_EVERY:
+            return
+        self._commits_since_checkpoint = 0
+        if self._checkpointer is None and not self._closed:
+            self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="kv-sqlite-checkpoint",
+                                                  daemon=True)
+            self._checkpointer.start()
+        self._checkpoint_wanted.set()
+
+    def _checkpoint_loop(self) -> None:
+        """Checkpoints on request, ending in RESTART mode: copy the WAL into the database
+        and make the next commit write the WAL from its start again.  That restart matters: a WAL
+        that only grows (PASSIVE checkpoints never catch up while commits keep coming)
+        makes every commit extend the file, several times the cost of overwriting it.
+        The mode takes the write lock only while it copies; when the lock or a reader is
+        not free within the short busy timeout it checkpoints what it can (as PASSIVE)
+        and the next request tries again.  The fsyncs ``synchronous`` asks for at
+        checkpoints happen here, off the committing threads."""
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                self._checkpoint_wanted.wait()
+                self._checkpoint_wanted.clear()
+                if self._closed:
+                    return
+                try:
+                    if conn is None:
+                        conn = sqlite3.connect(self.path, timeout=_CHECKPOINT_BUSY_S, isolation_level=None,
+                                               check_same_thread=False)
+                        conn.execute(f"PRAGMA synchronous={self.synchronous}")
+                    # PASSIVE copies the bulk (and fsyncs) without blocking writers; RESTART then
+                    # holds the write lock only for the few frames committed meanwhile
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+                except sqlite3.Error:  # best effort: the next request tries again
+                    pass
+        finally:
+            if conn is not None:
+                conn.close()
+
     def _acquire(self) -> sqlite3.Connection:
         if self._closed:
             raise KVUnavailable("the KV store is closed", path=self.path)
@@ -298,5 +433,12 @@ class SqliteKV(KV):
 
     def _close_backend(self) -> None:
         self._pool.close()
+        self._checkpoint_wanted.set()
+        if self._checkpointer is not None:
+            self._checkpointer.join(timeout=5.0)
+        with self._commit_lock:
+            if self._writer_conn is not None:
+                self._writer_conn.close()
+                self._writer_conn = None
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
