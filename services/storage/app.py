@@ -13,6 +13,12 @@ cluster's ``<state_dir>/cluster.json`` (what ``ff up`` writes).  The gRPC server
 serves health; all storage I/O is on the wire server (``wire_host:wire_port``), whose
 address the node advertises to mgmtd in its heartbeat tags (``wire=host:port``).
 
+Short-circuit local reads (``local_reads``, default on): the node also listens on a Unix
+socket (``local_socket``, default ``<target_root>/local.sock``) and advertises it with this
+host's identity (``local=<host>|<path>`` tag); clients on the same host get the chunks'
+version files as descriptors there after the same token check and read checks as
+``stor.batch_read`` (:mod:`.localserver`, :mod:`fireflyer.storage.localread`).
+
 Timing defaults are 3FS's (heartbeat 10 s; forwarding retries with exponential backoff
 for up to 30 s); tests shrink them.
 """
@@ -27,7 +33,7 @@ from typing import Any
 import msgspec
 
 from fireflyer.core.config import ServiceSettings
-from fireflyer.core.errors import SettingsError
+from fireflyer.core.errors import FireFlyerError, SettingsError
 from fireflyer.core.runtime import Service, ServiceContext, run_service
 from fireflyer.mgmt.client import MgmtdClient, RoutingCache
 from fireflyer.rpc import TokenStore
@@ -38,6 +44,7 @@ from fireflyer.wire import FrameLimits, ServerRequest, WireServer
 
 from .dataplane import DataPlane, HeldTransfers
 from .forwarder import ConnectionPool, Forwarder
+from .localserver import LocalReadServer
 from .loops import InitChains, NodeLoops
 from .node import StorageNode, TargetRuntime
 
@@ -84,6 +91,13 @@ class StorageSection(msgspec.Struct, frozen=True, kw_only=True):
     repair_corrupt: bool = True
     #: "nodes=3,replicas=3,table=1": storage node 0 creates chains for a fresh local cluster
     init_chains: str = ""
+    #: serve short-circuit local reads (chunk file descriptors over a Unix socket) to clients on
+    #: this host; off as well when ``verify_reads`` is on (reads must then be checked here)
+    local_reads: bool = True
+    #: the socket's path; empty: ``<target_root>/local.sock``
+    local_socket: str = ""
+    #: the socket file's permission bits (octal); every request is also token-checked
+    local_socket_mode: str = "0666"
 
 
 class StorageSettings(ServiceSettings, frozen=True, kw_only=True):
@@ -121,6 +135,17 @@ def parse_targets(s: StorageSection, *, root: Path, instance: str) -> list[tuple
     return out
 
 
+def _socket_mode(text: str) -> int:
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o777:
+        raise SettingsError(f"storage.local_socket_mode must be octal permission bits, got {text!r}",
+                            key="storage.local_socket_mode", expected="octal, e.g. 0660")
+    return mode
+
+
 async def _mgmtd_addresses(settings: StorageSettings) -> list[str]:
     if settings.mgmtd_addr:
         return [a.strip() for a in settings.mgmtd_addr.split(",") if a.strip()]
@@ -147,6 +172,7 @@ class StorageService(Service):
         self.node: StorageNode | None = None
         self.wire: WireServer | None = None
         self.dataplane: DataPlane | None = None
+        self.local: LocalReadServer | None = None
         self.pool: ConnectionPool | None = None
         self.loops: NodeLoops | None = None
         self._stores: list[ChunkStore] = []
@@ -212,6 +238,16 @@ class StorageService(Service):
         self.dataplane = dataplane
         wire_port = self.wire.start()
         node.wire_address = f"{s.wire_host}:{wire_port}"
+        if s.local_reads and not s.verify_reads:
+            self.local = LocalReadServer(Path(s.local_socket) if s.local_socket else root / "local.sock",
+                                         dataplane.open_local, authenticate=authenticate,
+                                         mode=_socket_mode(s.local_socket_mode), name=f"storage:{node_id}")
+            try:
+                await asyncio.to_thread(self.local.start)
+                node.local_socket = str(self.local.path)
+            except (OSError, FireFlyerError) as e:  # an optimization: serve without it, loudly
+                ctx.log.warning("storage.local_reads_off", path=str(self.local.path), error=str(e))
+                self.local = None
         init = InitChains.parse(s.init_chains)
 
         async def run() -> None:
@@ -234,6 +270,8 @@ class StorageService(Service):
                      targets=",".join(f"{t}:{p}" for t, p in specs), fsync=s.fsync)
 
     async def stop(self) -> None:
+        if self.local is not None:
+            await asyncio.to_thread(self.local.stop)
         if self.wire is not None:
             await asyncio.to_thread(self.wire.stop)
         if self.dataplane is not None:

@@ -12,16 +12,22 @@ time, so this node neither copies it into memory nor hashes it; the client check
 reports a mismatch (``stor.report_corrupt``), which this node confirms by verifying the chunk
 before it marks it corrupted (a report alone, e.g. of bytes damaged in flight, changes nothing).
 The single ``stor.read`` keeps the plain path: read, hash, compare with the record here.
+
+:meth:`DataPlane.open_local` answers short-circuit local reads (:mod:`.localserver`): the
+same authorization and per-I/O checks as ``stor.batch_read``, but the open version files
+go to the client as descriptors and it reads and checks the bytes itself.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import BinaryIO
 
 import msgspec
 
@@ -41,6 +47,7 @@ from fireflyer.storage import (
 )
 from fireflyer.storage.chunkread import ChunkRead, read_for_send
 from fireflyer.storage.craq import WRITE_STATES
+from fireflyer.storage.localread import LocalIo, LocalReadReply
 from fireflyer.storage.protocol import (
     CLIENT_OPS,
     OP_BATCH_READ,
@@ -187,6 +194,9 @@ class DataPlane:
         self.max_chunk_size = max_chunk_size
         self.held = held
         self.on_corrupt = on_corrupt
+        #: short-circuit local read batches answered (descriptors handed out)
+        self.local_served = 0
+        self._local_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="storage-io")
         self._ops: dict[str, Callable[[ServerRequest], None]] = {
             OP_WRITE: self._write, OP_BATCH_WRITE: self._batch_write, OP_UPDATE: self._update,
@@ -203,12 +213,17 @@ class DataPlane:
         fn = self._ops.get(req.op)
         if fn is None:
             raise BadRequest(f"unknown storage op {req.op!r}", op=req.op)
-        if req.op not in CLIENT_OPS:
-            has_role = getattr(req.principal, "has_role", None)
-            if has_role is not None and not has_role("admin"):
-                raise PermissionDenied(f"{req.op} is for storage services and admins, not user {_user(req)}",
-                                       op=req.op, user=_user(req))
+        self.authorize(req.op, req.principal)
         fn(req)
+
+    @staticmethod
+    def authorize(op: str, principal: object) -> None:
+        """Whether an authenticated ``principal`` may run ``op`` (wire requests and local reads alike)."""
+        if op not in CLIENT_OPS:
+            has_role = getattr(principal, "has_role", None)
+            if has_role is not None and not has_role("admin"):
+                user = str(getattr(principal, "user", principal))
+                raise PermissionDenied(f"{op} is for storage services and admins, not user {user}", op=op, user=user)
 
     # -- validation -------------------------------------------------------------------
 
@@ -380,6 +395,61 @@ class DataPlane:
             self.held.grant_finished()
             transfer.close()
 
+    def open_local(self, principal: object, msgs: list[ReadMsg]) -> tuple[LocalReadReply, list[BinaryIO]]:
+        """A short-circuit local read (:mod:`fireflyer.storage.localread`): authorized as a
+        ``stor.batch_read`` and checked per I/O exactly as one, but answered with the open
+        version files (whose descriptors go to the client) instead of their bytes."""
+        self.authorize(OP_BATCH_READ, principal)
+        self.limits.check(len(msgs), 0, "read")
+        files: list[BinaryIO] = []
+        by_chunk: dict[tuple[int, ChunkId, bool], tuple[int, int, int, int, bool]] = {}
+        results: list[LocalIo] = []
+        try:
+            for m in msgs:
+                try:
+                    results.append(self._open_one(m, files, by_chunk))
+                except FireFlyerError as e:
+                    results.append(LocalIo(error=e.to_dict()))
+        except BaseException:
+            for f in files:
+                f.close()
+            raise
+        with self._local_lock:
+            self.local_served += 1
+        return LocalReadReply(results=results), files
+
+    def _open_one(self, msg: ReadMsg, files: list[BinaryIO],
+                  by_chunk: dict[tuple[int, ChunkId, bool], tuple[int, int, int, int, bool]]) -> LocalIo:
+        r = msg.req
+        self._check_read(r.offset, r.length, r.chunk_id)
+        rt = self.node.target(msg.target)
+        rt.replica.check_read(r)
+        key = (rt.target_id, r.chunk_id, r.relaxed)
+        got = by_chunk.get(key)
+        if got is None:
+            try:
+                if r.chunk_id in rt.corrupted:
+                    raise ChunkCorrupted(f"chunk {r.chunk_id} on target {rt.target_id} is known corrupted; "
+                                         "read another replica", chunk=r.chunk_id.hex, target=rt.target_id)
+                f, ver, size, crc, pending = rt.store.open_version(r.chunk_id, allow_uncommitted=r.relaxed)
+                try:
+                    on_disk = os.fstat(f.fileno()).st_size
+                    if on_disk != size:
+                        raise rt.store.corrupted(r.chunk_id, ver, crc, 0, on_disk, size)
+                except BaseException:
+                    f.close()
+                    raise
+            except ChunkCorrupted as e:
+                self.on_corrupt(rt, r.chunk_id, e)
+                raise
+            files.append(f)
+            got = by_chunk[key] = (len(files) - 1, ver, size, crc, pending)
+        fd, ver, size, crc, pending = got
+        n = max(0, size - r.offset) if r.length < 0 else max(0, min(r.length, size - r.offset))
+        whole = r.offset == 0 and n == size
+        return LocalIo(fd=fd if n else -1, offset=r.offset, length=n, version=ver, crc=crc if whole else 0,
+                       whole=whole, target=rt.target_id, uncommitted=pending)
+
     def _rts_grant(self, req: ServerRequest) -> None:
         transfer = self.held.take(from_meta(req.meta, RtsGrant).xfer, _user(req))
         self.held.grant_started()
@@ -482,6 +552,7 @@ class DataPlane:
                                    total_bytes=du.total, corrupted=sorted(c.hex for c in rt.corrupted),
                                    corrupt_reports=rt.corrupt_reports))
         req.reply(meta=to_meta(SpaceReply(node_id=self.node.node_id, targets=out,
-                                          grants_served=self.held.served,
+                                          grants_served=self.held.served + self.local_served,
+                                          local_served=self.local_served,
                                           max_inflight_grants=self.held.max_inflight)))
 

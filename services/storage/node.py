@@ -33,6 +33,7 @@ from fireflyer.core.log import get_logger
 from fireflyer.mgmt.model import Chain, LocalState, NodeType, PublicState, RoutingInfo, TargetId
 from fireflyer.mgmt.registry import Heartbeat, TargetReport
 from fireflyer.storage import ChunkId, ChunkStore, NotServing, Replica
+from fireflyer.storage.localread import local_tag
 from fireflyer.storage.protocol import split_address, wire_address, wire_tag
 
 __all__ = ["TargetRuntime", "StorageNode"]
@@ -69,6 +70,8 @@ class StorageNode:
         self.node_id = node_id
         self.targets = {t.target_id: t for t in targets}
         self.wire_address = wire_address
+        #: the Unix socket of short-circuit local reads ("" = none), advertised with this host's identity
+        self.local_socket = ""
         self._grpc_address = grpc_address
         self.fence_after_s = fence_after_s
         self.routing: RoutingInfo | None = None
@@ -187,8 +190,11 @@ class StorageNode:
             TargetReport(target_id=rt.target_id, local_state=self.local_state(rt), path=str(rt.path))
             for rt in self.targets.values()
         )
+        tags = (wire_tag(self.wire_address),)
+        if self.local_socket:
+            tags += (local_tag(self.local_socket),)
         return Heartbeat(node_id=self.node_id, node_type=NodeType.STORAGE, address=self._grpc_address(),
-                         tags=(wire_tag(self.wire_address),), targets=reports)
+                         tags=tags, targets=reports)
 
     def must_wait_before_join(self) -> list[TargetId]:
         """Our targets that mgmtd still shows in service (serving/syncing): wait before heartbeating."""

@@ -74,6 +74,9 @@ class FsClientSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_io_bytes: int = 1 << 30
     #: bytes a read-only handle read sequentially keeps in flight ahead of its reader (0: off)
     readahead_bytes: int = 64 << 20
+    #: short-circuit local reads: chunks of a replica on this host are read from their files
+    #: (descriptors from the storage node's Unix socket) instead of over TCP; FF_FS_LOCAL_READS=0 turns it off
+    local_reads: bool = True
 
 
 class _Env(msgspec.Struct, frozen=True, kw_only=True):
@@ -127,10 +130,16 @@ def _resolve(meta: str | Sequence[str] | None, mgmtd: str | Sequence[str] | None
 
 def connect(*, meta: str | Sequence[str] | None = None, mgmtd: str | Sequence[str] | None = None,
             token: str | None = None, state_dir: str | os.PathLike[str] | None = None,
-            settings: FsClientSettings | None = None) -> FileSystem:
-    """A :class:`FileSystem` for the cluster named by the arguments, the environment or ``state_dir``."""
+            settings: FsClientSettings | None = None, local_reads: bool | None = None) -> FileSystem:
+    """A :class:`FileSystem` for the cluster named by the arguments, the environment or ``state_dir``.
+
+    ``local_reads``: short-circuit reads of chunks on this host (None: the settings', i.e.
+    ``FF_FS_LOCAL_READS``, default on)."""
     metas, mgmtds, tok = _resolve(meta, mgmtd, token, state_dir)
-    return FileSystem(metas, mgmtds, tok, settings or load_client_settings())
+    s = settings or load_client_settings()
+    if local_reads is not None:
+        s = msgspec.structs.replace(s, local_reads=local_reads)
+    return FileSystem(metas, mgmtds, tok, s)
 
 
 def _parse_mode(mode: str) -> tuple[int, bool, bool, bool, bool]:
@@ -161,7 +170,7 @@ class FileSystem:
         try:
             self.storage = StorageClient(self._routing.get, token=token, request_timeout_s=s.request_timeout_s,
                                          connect_timeout_s=s.connect_timeout_s, retry_deadline_s=s.retry_deadline_s,
-                                         max_parallel=s.max_parallel)
+                                         max_parallel=s.max_parallel, local_reads=s.local_reads)
         except BaseException:
             self._routing.close()
             raise

@@ -30,6 +30,16 @@ What it does, and no more (the fs client builds layouts, sessions and caching on
   chunk, the one recorded at write time: the server sends those bytes from disk unhashed).  A
   mismatch is retried on another replica and reported to the replica that sent it.
 - **Batches** are split by :class:`~.protocol.BatchLimits` (128 I/Os / 4 MiB) per node.
+- **Short-circuit local reads** (:mod:`.localread`; ``local_reads=``, default
+  ``FF_FS_LOCAL_READS``, on): when a chain has a serving replica on a storage node of this
+  host (its ``local=`` tag names this host's identity) that replica is preferred, and the
+  batch is one round trip on the node's Unix socket, which returns the chunks' version files
+  as descriptors; the bytes are ``preadv``-ed into the caller's buffers and whole chunks
+  checked against their recorded CRC (a mismatch is retried elsewhere and reported, as
+  above).  Per-I/O errors are the network path's; a transport failure of the local path
+  (no socket, refused, reset, garbled) runs that batch over the network instead, once, and a
+  node whose socket does not connect is read over the network for ``avoid_s``.
+  :attr:`StorageClient.read_stats` counts I/Os per path.
 
 Every call is bounded by ``retry_deadline_s``; requests by ``request_timeout_s``.
 """
@@ -39,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import random
 import threading
 import time
@@ -49,7 +60,14 @@ from typing import Any
 
 import msgspec
 
-from fireflyer.core.errors import DeadlineExceeded, FireFlyerError, ResourceExhausted, Unavailable
+from fireflyer.core.errors import (
+    DeadlineExceeded,
+    FireFlyerError,
+    ResourceExhausted,
+    Unavailable,
+    error_from_dict,
+)
+from fireflyer.core.log import get_logger
 from fireflyer.mgmt.model import Chain, RoutingInfo
 from fireflyer.wire import Connection, Reply
 
@@ -65,6 +83,8 @@ from .errors import (
     NotServing,
     StorageError,
 )
+from .localread import MAX_IOS as LOCAL_MAX_IOS
+from .localread import LocalIo, LocalPathBroken, LocalReadClient, local_reads_default, local_socket
 from .protocol import (
     OP_BATCH_READ,
     OP_REPORT_CORRUPT,
@@ -84,7 +104,9 @@ from .protocol import (
     wire_address,
 )
 
-__all__ = ["SendLimiter", "ConnectionPool", "ReadIo", "ReadResult", "StorageClient", "MgmtdRouting"]
+__all__ = ["SendLimiter", "ConnectionPool", "ReadIo", "ReadResult", "ReadStats", "StorageClient", "MgmtdRouting"]
+
+log = get_logger(__name__)
 
 Buffer = bytes | bytearray | memoryview
 _RETRY_WRITE = (ChainVersionMismatch, NotHead, Unavailable, DeadlineExceeded)  # NotServing is Unavailable
@@ -207,11 +229,38 @@ class ReadResult(msgspec.Struct, frozen=True, kw_only=True):
     uncommitted: bool = False
 
 
+class ReadStats:
+    """Read I/Os (and their bytes) per path: short-circuit local or network; ``local_fallbacks``
+    counts local batches that went over the network after a transport failure of the local path."""
+
+    __slots__ = ("local_ios", "local_bytes", "network_ios", "network_bytes", "local_fallbacks", "_lock")
+
+    def __init__(self) -> None:
+        self.local_ios = self.local_bytes = self.network_ios = self.network_bytes = self.local_fallbacks = 0
+        self._lock = threading.Lock()
+
+    def add(self, *, local_ios: int = 0, local_bytes: int = 0, network_ios: int = 0, network_bytes: int = 0,
+            local_fallbacks: int = 0) -> None:
+        with self._lock:
+            self.local_ios += local_ios
+            self.local_bytes += local_bytes
+            self.network_ios += network_ios
+            self.network_bytes += network_bytes
+            self.local_fallbacks += local_fallbacks
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {k: getattr(self, k) for k in self.__slots__ if k != "_lock"}
+
+    def __repr__(self) -> str:
+        return f"ReadStats({self.snapshot()})"
+
+
 class StorageClient:
     def __init__(self, routing: Callable[[], RoutingInfo], *, token: str, client_id: str = "",
                  limiter: SendLimiter | None = None, limits: BatchLimits = BatchLimits(),
                  request_timeout_s: float = 5.0, connect_timeout_s: float = 2.0, retry_deadline_s: float = 20.0,
-                 avoid_s: float = 2.0, max_parallel: int = 32) -> None:
+                 avoid_s: float = 2.0, max_parallel: int = 32, local_reads: bool | None = None) -> None:
         self._routing_fn = routing
         self.routing = routing()
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
@@ -226,10 +275,18 @@ class StorageClient:
         self._local = threading.local()
         self._avoid: dict[str, float] = {}
         self._rng = random.Random()
+        #: short-circuit local reads (None: ``FF_FS_LOCAL_READS``, default on)
+        self.local_reads = local_reads_default() if local_reads is None else local_reads
+        self.read_stats = ReadStats()
+        self._shortcut = LocalReadClient(token, timeout_s=request_timeout_s) if self.local_reads else None
+        self._local_view: tuple[int, dict[str, str]] = (-1, {})  # (routing version, node -> socket path)
+        self._local_off: dict[str, float] = {}  # node -> monotonic time until which its socket is not tried
 
     def close(self) -> None:
         self._exec.shutdown(wait=False, cancel_futures=True)
         self.pool.close()
+        if self._shortcut is not None:
+            self._shortcut.close()
 
     def __enter__(self) -> StorageClient:
         return self
@@ -368,8 +425,8 @@ class StorageClient:
                     last = r.error
             # the last batch runs in this thread (which would only wait otherwise): one thread
             # hand-off less per call, none at all for the common single-batch read
-            futs = [self._exec.submit(self._one_batch, b, ios, into) for b in batches[:-1]]
-            here = self._one_batch(batches[-1], ios, into) if batches else []
+            futs = [self._exec.submit(self._run_batch, b, ios, into) for b in batches[:-1]]
+            here = self._run_batch(batches[-1], ios, into) if batches else []
             for done in [*(f.result() for f in futs), here]:
                 for i, res in done:
                     if res.error is not None and isinstance(res.error, retryable):
@@ -401,7 +458,9 @@ class StorageClient:
                 good = [t for t in fresh if self._avoid.get(self.address(t)[1], 0) < now] or fresh
                 if not good:
                     raise NotServing(f"chain {chain.chain_id} has no serving replica", chain=chain.chain_id)
-                target = self._rng.choice(good)
+                # a replica on this host is read through its node's Unix socket: prefer it
+                local = [t for t in good if self._local_socket(self.address(t)[0]) is not None]
+                target = self._rng.choice(local or good)
                 node, addr = self.address(target)
             except FireFlyerError as e:
                 results[i] = ReadResult(error=e)
@@ -411,9 +470,12 @@ class StorageClient:
         for (node, addr), items in by_node.items():
             batch: list[tuple[int, int]] = []
             size = 0
+            # a local batch's descriptors travel in one datagram: fewer I/Os per batch
+            max_ios = self.limits.max_ios if self._local_socket(node) is None else min(self.limits.max_ios,
+                                                                                      LOCAL_MAX_IOS)
             for i, t in items:
                 n = ios[i].length if ios[i].length >= 0 else self.limits.max_bytes
-                if batch and (len(batch) >= self.limits.max_ios or size + n > self.limits.max_bytes):
+                if batch and (len(batch) >= max_ios or size + n > self.limits.max_bytes):
                     out.append((node, addr, batch))
                     batch, size = [], 0
                 batch.append((i, t))
@@ -421,15 +483,132 @@ class StorageClient:
             out.append((node, addr, batch))
         return out
 
-    def _one_batch(self, batch: tuple[str, str, list[tuple[int, int]]], ios: Sequence[ReadIo],
-                   into: Sequence[memoryview] | None) -> list[tuple[int, ReadResult]]:
-        node, addr, items = batch
+    # -- short-circuit local reads ------------------------------------------------------
+
+    def _local_socket(self, node: str) -> str | None:
+        """The Unix socket of ``node`` if it is a storage node on this host whose socket is
+        not being avoided (and local reads are on), else None."""
+        if self._shortcut is None:
+            return None
+        routing = self.routing
+        ver, paths = self._local_view
+        if ver != routing.version:
+            paths = {n.node_id: p for n in routing.nodes if (p := local_socket(n.tags)) is not None}
+            self._local_view = (routing.version, paths)
+        path = paths.get(node)
+        if path is None or self._local_off.get(node, 0.0) > time.monotonic():
+            return None
+        return path
+
+    def _read_msgs(self, items: list[tuple[int, int]], ios: Sequence[ReadIo]) -> list[ReadMsg]:
         msgs = []
         for i, t in items:
             io = ios[i]
             ver = self.chain(io.chain_id).version
             msgs.append(ReadMsg(target=t, req=ReadReq(chain_id=io.chain_id, chain_ver=ver, chunk_id=io.chunk_id,
                                                       offset=io.offset, length=io.length, relaxed=io.relaxed)))
+        return msgs
+
+    def _run_batch(self, batch: tuple[str, str, list[tuple[int, int]]], ios: Sequence[ReadIo],
+                   into: Sequence[memoryview] | None) -> list[tuple[int, ReadResult]]:
+        path = self._local_socket(batch[0])
+        if path is not None:
+            return self._local_batch(path, batch, ios, into)
+        return self._one_batch(batch, ios, into)
+
+    def _local_batch(self, path: str, batch: tuple[str, str, list[tuple[int, int]]], ios: Sequence[ReadIo],
+                     into: Sequence[memoryview] | None) -> list[tuple[int, ReadResult]]:
+        """One batch through the node's Unix socket: descriptors, then ``preadv`` into the
+        buffers.  A transport failure runs the batch over the network instead (once)."""
+        assert self._shortcut is not None
+        node, addr, items = batch
+        try:
+            msgs = self._read_msgs(items, ios)
+        except FireFlyerError as e:
+            return [(i, ReadResult(error=e, target=t)) for i, t in items]
+        try:
+            reply, fds = self._shortcut.open(path, msgs)
+        except LocalPathBroken as e:
+            if e.fields.get("connect"):  # no server there (stopped, not yet up): network for a while
+                self._local_off[node] = time.monotonic() + self.avoid_s
+            log.info("storage.local_read_fallback", node=node, path=path, reason=str(e))
+            self.read_stats.add(local_fallbacks=1)
+            return self._one_batch(batch, ios, into)
+        except DeadlineExceeded as e:  # the node is slow or stopped, not the path: as a network timeout
+            self._avoid[addr] = time.monotonic() + self.avoid_s
+            return [(i, ReadResult(error=e, target=t)) for i, t in items]
+        try:
+            if reply.error is not None or len(reply.results) != len(items):
+                err = (error_from_dict(reply.error) if reply.error is not None else
+                       Unavailable(f"local read socket {path}: {len(reply.results)} results for {len(items)} I/Os"))
+                return [(i, ReadResult(error=err, target=t)) for i, t in items]
+            out = []
+            nbytes = 0
+            with self.limiter.token(node):  # as many nodes' chunks copied at once as would be sent
+                for (i, t), r in zip(items, reply.results, strict=True):
+                    res = self._local_result(r, t, fds, None if into is None else into[i])
+                    if isinstance(res.error, ChunkCorrupted) and r.error is None:
+                        self._report_corrupt(addr, t, ios[i].chunk_id, r.version)
+                    nbytes += len(res.data)
+                    out.append((i, res))
+            self.read_stats.add(local_ios=len(items), local_bytes=nbytes)
+            return out
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    @staticmethod
+    def _local_result(r: LocalIo, target: int, fds: list[int], dest: memoryview | None) -> ReadResult:
+        """Read one I/O's bytes from its descriptor; a whole version is checked against its
+        recorded CRC32C (as the network path checks what the server sent)."""
+        if r.error is not None:
+            return ReadResult(error=error_from_dict(r.error), target=target)
+        n = r.length
+        if dest is not None and n > len(dest):
+            return ReadResult(error=BadRequest(f"target {target} has {n} bytes for a {len(dest)}-byte buffer",
+                                               target=target, length=n, buffer=len(dest)), target=target)
+        view = memoryview(b"")
+        got = 0
+        if n:
+            fd = fds[r.fd] if r.fd >= 0 else -1
+            try:
+                if dest is None:
+                    view = memoryview(os.pread(fd, n, r.offset))  # one copy, into a new bytes
+                    got = len(view)
+                else:
+                    view = dest[:n]
+                    while got < n:  # straight into the caller's buffer
+                        k = os.preadv(fd, [view[got:]], r.offset + got)
+                        if k <= 0:
+                            break
+                        got += k
+            except OSError as e:
+                return ReadResult(error=Unavailable(f"local read of target {target}: {e}", target=target),
+                                  target=target)
+        err: FireFlyerError | None = None
+        if got < n:
+            err = ChunkCorrupted(f"chunk file of target {target} ends {n - got} bytes early (truncated on disk); "
+                                 "reading another replica", target=target, version=r.version)
+        elif r.whole and crc32c(view) != r.crc:
+            err = ChunkCorrupted(f"read data from target {target} fails its CRC32C (corrupted on disk); "
+                                 "reading another replica", target=target, version=r.version)
+        if err is not None:
+            return ReadResult(error=err, target=target)
+        data: Buffer = view if dest is not None else view.obj  # type: ignore[assignment]
+        return ReadResult(data=data, version=r.version, target=target, uncommitted=r.uncommitted)
+
+    # -- network reads ----------------------------------------------------------------------
+
+    def _one_batch(self, batch: tuple[str, str, list[tuple[int, int]]], ios: Sequence[ReadIo],
+                   into: Sequence[memoryview] | None) -> list[tuple[int, ReadResult]]:
+        out = self._net_batch(batch, ios, into)
+        self.read_stats.add(network_ios=len(batch[2]), network_bytes=sum(len(r.data) for _, r in out))
+        return out
+
+    def _net_batch(self, batch: tuple[str, str, list[tuple[int, int]]], ios: Sequence[ReadIo],
+                   into: Sequence[memoryview] | None) -> list[tuple[int, ReadResult]]:
+        node, addr, items = batch
+        msgs = self._read_msgs(items, ios)
         if into is not None and len(items) == 1:
             return self._one_read(node, addr, items[0], msgs, into[items[0][0]])
         try:

@@ -307,6 +307,9 @@ class SpaceReply(msgspec.Struct, frozen=True, kw_only=True):
     #: until the server's send returns, so it may briefly overlap a client's next grant)
     grants_served: int = 0
     max_inflight_grants: int = 0
+    #: short-circuit local read batches served (descriptors handed out; also counted in
+    #: ``grants_served``: both are batches of read data this node released)
+    local_served: int = 0
 
 
 class ChunkCorruptedEvent(Event, tag="storage.chunk_corrupted.v1"):
