@@ -25,12 +25,14 @@ import msgspec
 
 from fireflyer.api.checkpoint.v1 import checkpoint_pb2_grpc as pb_grpc
 from fireflyer.ckpt.catalog import Catalog
+from fireflyer.ckpt.layout import prefer_chunk_size
 from fireflyer.ckpt.localfs import LocalFS
 from fireflyer.ckpt.model import CheckpointRecord
 from fireflyer.core.config import ServiceSettings
-from fireflyer.core.errors import SettingsError
+from fireflyer.core.errors import FireFlyerError, SettingsError
 from fireflyer.core.runtime import Service, ServiceContext, run_service
 from fireflyer.kv import KV, aopen_kv
+from fireflyer.meta.model import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 
 from .events import STREAM, STREAM_SUBJECTS, publish_committed
 from .servicer import SERVICE_NAME, CheckpointServicer
@@ -50,6 +52,9 @@ class CheckpointSection(msgspec.Struct, frozen=True, kw_only=True):
     local_root: str = ""
     #: how long a commit waits for JetStream to store its event before logging the failure
     publish_timeout_s: float = 5.0
+    #: chunk size of files under ``root`` in 3FS (its layout policy, set when smaller; 0: leave
+    #: the inherited layout): large chunks amortize the storage's per-chunk fsyncs
+    chunk_bytes: int = 64 << 20
 
 
 class CheckpointSettings(ServiceSettings, frozen=True, kw_only=True):
@@ -65,6 +70,10 @@ def _check(c: CheckpointSection) -> None:
         if not getattr(c, key) > 0:
             raise SettingsError(f"checkpoint.{key} must be positive, got {getattr(c, key)}",
                                 key=f"checkpoint.{key}", expected="float > 0")
+    if c.chunk_bytes and (c.chunk_bytes & (c.chunk_bytes - 1) or not MIN_CHUNK_SIZE <= c.chunk_bytes <= MAX_CHUNK_SIZE):
+        raise SettingsError(f"checkpoint.chunk_bytes must be 0 or a power of two in [{MIN_CHUNK_SIZE}, "
+                            f"{MAX_CHUNK_SIZE}], got {c.chunk_bytes}", key="checkpoint.chunk_bytes",
+                            expected="power of two")
     if not c.root.startswith("/"):
         raise SettingsError(f"checkpoint.root must be an absolute path, got {c.root!r}", key="checkpoint.root",
                             expected="absolute path")
@@ -84,6 +93,7 @@ class CheckpointService(Service):
         self._ctx: ServiceContext | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._layout: asyncio.Task[None] | None = None
 
     async def start(self, ctx: ServiceContext) -> None:
         settings: CheckpointSettings = self.settings  # type: ignore[assignment]
@@ -98,6 +108,8 @@ class CheckpointService(Service):
         self.fs = await asyncio.to_thread(self._open_fs, settings)
         if not c.local_root:
             await asyncio.to_thread(self._make_root, c.root)
+            if c.chunk_bytes:
+                self._layout = ctx.spawn(self._chunk_size_loop(c.root, c.chunk_bytes), name="checkpoint-chunk-size")
         # In 3FS the ranks create their checkpoint's directory under their own user; the
         # service (admin) writes only MANIFEST into it and removes it.
         self.catalog = Catalog(self.kv, self.fs, root=c.root, clock=ctx.clock, abandon_after_s=c.abandon_after_s,
@@ -124,6 +136,26 @@ class CheckpointService(Service):
         in it, which only that user (and admins) may change."""
         self.fs.mkdir(root, 0o1777, parents=True, exist_ok=True)
         self.fs.chmod(root, 0o1777)
+
+    async def _chunk_size_loop(self, root: str, chunk_bytes: int, *, max_delay_s: float = 10.0) -> None:
+        """Give ``root`` ``chunk_bytes`` chunks (:mod:`fireflyer.ckpt.layout`) once the file
+        system can: a cluster coming up starts this service before mgmtd has chain tables, and
+        a layout cannot name a table that does not exist yet.  Until then checkpoints get the
+        inherited chunk size (correct, only slower to write)."""
+        assert self._ctx is not None
+        delay, said = 0.5, ""
+        while True:
+            try:
+                got = await asyncio.to_thread(prefer_chunk_size, self.fs, root, chunk_bytes)
+            except FireFlyerError as e:
+                if str(e) != said:  # each new reason once
+                    said = str(e)
+                    self._ctx.log.info("checkpoint.chunk_size_waiting", root=root, chunk_bytes=chunk_bytes, error=said)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, max_delay_s)
+                continue
+            self._ctx.log.info("checkpoint.chunk_size", root=root, chunk_bytes=got)
+            return
 
     def _on_committed(self, rec: CheckpointRecord) -> None:
         """Called by the Catalog on a worker thread: publish on the service's loop and wait."""
@@ -157,9 +189,10 @@ class CheckpointService(Service):
             await self._sweep_once()
 
     async def stop(self) -> None:
-        if self._sweeper is not None:  # before the KV closes under it (the runtime cancels tasks after stop)
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
+        for task in (self._sweeper, self._layout):  # before the KV and fs close under them
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self.fs is not None and hasattr(self.fs, "close"):
             await asyncio.to_thread(self.fs.close)
         if self.kv is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -56,7 +57,17 @@ env = { FF_CHECKPOINT_ABANDON_AFTER_S = "60", FF_CHECKPOINT_SWEEP_INTERVAL_S = "
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with started_cluster(CLUSTER_TOML, tmp_path_factory.mktemp("ckc") / "state") as c:
         c.wait_chains_serving(2)
+        _wait_root_chunk_size(c)
         yield c
+
+
+def _wait_root_chunk_size(c: LocalCluster, timeout_s: float = 60.0) -> None:
+    """The service sets its root's 64 MiB chunks once chain tables exist (it starts before them)."""
+    with connect(state_dir=c.state_dir, token=c.user_token) as fs:
+        deadline = time.monotonic() + timeout_s
+        while (policy := fs.stat("/ckpt").dir_policy) is None or policy.chunk_size != 64 << 20:
+            assert time.monotonic() < deadline, f"/ckpt still has layout policy {policy}"
+            time.sleep(0.2)
 
 
 def _state(seed: int) -> dict[str, object]:
@@ -86,6 +97,10 @@ def test_saves_through_the_service_and_3fs_survive_a_killed_storage_node(cluster
         manifest = decode_manifest(fs.read_bytes(f"{first.directory}/{MANIFEST_NAME}"))
         assert manifest.id == first.id and manifest.world_size == 1
         assert fs.stat(first.directory).uid == fs.stat("/ckpt/e2e").uid != 0  # the job's user owns it
+        # the service gave its root 64 MiB chunks; the ranks' shard files inherit them
+        assert fs.stat("/ckpt").dir_policy.chunk_size == 64 << 20  # type: ignore[union-attr]
+        shard = next(n for n in fs.ls(first.directory) if n.endswith(".bin"))
+        assert fs.stat(f"{first.directory}/{shard}").layout.chunk_size == 64 << 20  # type: ignore[union-attr]
 
         victim = next(p for p in cluster.record.processes if p.instance == "storage-1")
         os.kill(victim.pid, signal.SIGKILL)

@@ -172,9 +172,11 @@ class CheckpointManager:
             rec = self.catalog.begin(self.job, step, self.world_size, meta, retention=self.retention)
             snap.wait()  # the device-to-host copies overlap the begin round trip
             t1 = time.perf_counter()
-            index, _ = pack(snap.flat, rank=self.rank, shard_bytes=self.shard_bytes)
+            # shards are images of arena regions, written in whole chunks (shard.pack)
+            index, layouts = pack(snap.flat, rank=self.rank, shard_bytes=self.shard_bytes,
+                                  arena_offsets=snap.offsets if snap.arena is not None else None)
             t2 = time.perf_counter()
-            nbytes = write_shards(self._pfs, rec.directory, index, snap.flat)
+            nbytes = write_shards(self._pfs, rec.directory, index, snap.flat, layouts=layouts, arena=snap.arena)
             t3 = time.perf_counter()
             data = write_index(self.fs, rec.directory, index)
             out: CheckpointRecord = self.catalog.commit_shard(rec.id, self.rank, index_digest(data), nbytes)

@@ -43,11 +43,14 @@ class BatchFS(Protocol):
 
 
 class ShardLayout(msgspec.Struct, frozen=True):
-    """One shard file: its name, size and the indices (into ``index.entries``) of its tensors."""
+    """One shard file: its name, size and the indices (into ``index.entries``) of its tensors;
+    ``base``: where the file's byte 0 lies in the staging arena when the shard is an image of an
+    arena region (-1: the tensors are written one by one)."""
 
     name: str
     size: int
     entries: list[int]
+    base: int = -1
 
 
 def shard_name(rank: int, i: int) -> str:
@@ -58,30 +61,46 @@ def _align_up(n: int, align: int) -> int:
     return -(-n // align) * align
 
 
-def pack(flat: FlatState, *, rank: int = 0, shard_bytes: int = 256 << 20,
-         align: int = 4096) -> tuple[ShardIndex, list[ShardLayout]]:
-    """Place every tensor of ``flat`` in a shard (and checksum it); returns the index and the layouts."""
+def pack(flat: FlatState, *, rank: int = 0, shard_bytes: int = 256 << 20, align: int = 4096,
+         arena_offsets: Mapping[str, int] | None = None) -> tuple[ShardIndex, list[ShardLayout]]:
+    """Place every tensor of ``flat`` in a shard (and checksum it); returns the index and the layouts.
+
+    With ``arena_offsets`` (each tensor's place in the staging arena, rising in leaf order, as
+    a :class:`~fireflyer.ckpt.snapshot.Snapshot` has them) every shard is an image of one arena
+    region: a tensor's offset in its shard is its arena offset minus the shard's ``base``.
+    The writer then sends whole regions in large I/Os that start on chunk boundaries, so 3FS
+    stores whole chunks (a partial write of a chunk copies the rest of it)."""
     if shard_bytes <= 0 or align <= 0:
         raise InvalidArgument(f"shard_bytes ({shard_bytes}) and align ({align}) must be positive")
     entries: list[TensorEntry | ValueEntry] = []
-    layouts: list[tuple[list[int], int]] = []  # (entry indices, size)
+    layouts: list[tuple[list[int], int, int]] = []  # (entry indices, size, arena base)
+    last_at = -1
     for leaf in flat.leaves:
         if isinstance(leaf, ValueLeaf):
             entries.append(ValueEntry(leaf.path, leaf.value_bytes))
             continue
         n = leaf.nbytes
-        if layouts:
-            members, size = layouts[-1]
-            offset = _align_up(size, align)
-        if not layouts or (members and offset + n > shard_bytes):
-            layouts.append(([], 0))
-            offset = 0
-        members, _ = layouts[-1]
+        if arena_offsets is not None:
+            at = arena_offsets[leaf.path]
+            if at < last_at:
+                raise InvalidArgument(f"arena offsets must rise in leaf order ({leaf.path} at {at})", path=leaf.path)
+            last_at = at
+            if not layouts or (layouts[-1][0] and at + n - layouts[-1][2] > shard_bytes):
+                layouts.append(([], 0, at))
+            offset = at - layouts[-1][2]
+        else:
+            if layouts:
+                offset = _align_up(layouts[-1][1], align)
+            if not layouts or (layouts[-1][0] and offset + n > shard_bytes):
+                layouts.append(([], 0, -1))
+                offset = 0
+        members, _, base = layouts[-1]
         members.append(len(entries))
-        layouts[-1] = (members, offset + n)
+        layouts[-1] = (members, offset + n, base)
         entries.append(TensorEntry(leaf.path, leaf.kind, leaf.dtype, leaf.shape,  # type: ignore[arg-type]
                                    len(layouts) - 1, offset, n, crc32c(leaf.data)))
-    out = [ShardLayout(shard_name(rank, i), size, members) for i, (members, size) in enumerate(layouts)]
+    out = [ShardLayout(shard_name(rank, i), size, members, base)
+           for i, (members, size, base) in enumerate(layouts)]
     index = ShardIndex(rank=rank, tree=flat.tree, entries=entries,
                        shards=[ShardFile(s.name, s.size) for s in out])
     return index, out
@@ -101,12 +120,17 @@ def _check(results: Sequence[Any], what: Sequence[str]) -> None:
 
 
 def write_shards(fs: BatchFS, directory: str, index: ShardIndex,
-                 tensors: FlatState | Mapping[str, Any], *, io_bytes: int = IO_BYTES) -> int:
+                 tensors: FlatState | Mapping[str, Any], *, io_bytes: int = IO_BYTES,
+                 layouts: Sequence[ShardLayout] | None = None, arena: Any = None) -> int:
     """Write every tensor of ``index`` into its shard under ``directory``; returns the bytes written.
 
     ``tensors`` maps path -> bytes-like (or is the :class:`FlatState` that was packed).  The
     shard files are created first where ``fs`` can (``mkdir``/``write_bytes``, as the 3FS
-    client does), since 3FS's ``batch_write`` writes only to existing files."""
+    client does), since 3FS's ``batch_write`` writes only to existing files.
+
+    With ``layouts`` packed from arena offsets and the ``arena`` itself, each shard is written
+    as its arena region in ``io_bytes`` I/Os from offset 0 (chunk-aligned whenever ``io_bytes``
+    is a multiple of the chunk size, as the default 64 MiB is of every 3FS chunk size)."""
     bufs = tensors.buffers() if isinstance(tensors, FlatState) else tensors
     if hasattr(fs, "mkdir") and directory:
         fs.mkdir(directory, parents=True, exist_ok=True)  # type: ignore[attr-defined]
@@ -115,6 +139,19 @@ def write_shards(fs: BatchFS, directory: str, index: ShardIndex,
             fs.write_bytes(_join(directory, s.name), b"")  # type: ignore[attr-defined]
     ios: list[tuple[str, int, memoryview]] = []
     what: list[str] = []
+    if arena is not None and layouts is not None and all(lay.base >= 0 for lay in layouts):
+        whole = memoryview(arena).cast("B")
+        for lay in layouts:
+            if lay.base + lay.size > whole.nbytes:
+                raise InvalidArgument(f"shard {lay.name} lies outside the arena", shard=lay.name)
+            region = whole[lay.base:lay.base + lay.size]
+            target = _join(directory, lay.name)
+            for at in range(0, lay.size, io_bytes):
+                ios.append((target, at, region[at:at + io_bytes]))
+                what.append(f"{target} @{at}")
+        if ios:
+            _check(fs.batch_write(ios), what)
+        return sum(lay.size for lay in layouts)  # the tensors and the alignment gaps between them
     total = 0
     for e in index.entries:
         if not isinstance(e, TensorEntry) or e.nbytes == 0:

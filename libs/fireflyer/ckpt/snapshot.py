@@ -59,6 +59,7 @@ class _Plan(msgspec.Struct):
 
     signature: tuple[Any, ...]
     total: int
+    offsets: dict[str, int]
     leaves: list[TensorLeaf]
     #: (destination view, index into the sources) per copy group
     small: list[tuple[Any, int]]
@@ -68,11 +69,17 @@ class _Plan(msgspec.Struct):
 
 
 class Snapshot(msgspec.Struct):
-    """A state copied to host memory: its :attr:`flat` leaves are valid once :meth:`wait` returned."""
+    """A state copied to host memory: its :attr:`flat` leaves are valid once :meth:`wait` returned.
+
+    ``arena`` is the staging memory the tensor leaves are views of and ``offsets`` each tensor
+    leaf's place in it (by path), so a writer can send whole arena regions -- several tensors
+    and the alignment gaps between them -- as single I/Os (:func:`~fireflyer.ckpt.shard.pack`)."""
 
     flat: FlatState
     nbytes: int
     events: list[Any] = []
+    arena: memoryview | None = None
+    offsets: dict[str, int] = {}
 
     def wait(self) -> None:
         """Block until the device-to-host copies are done (a no-op for CPU-only states)."""
@@ -133,7 +140,8 @@ class Snapshotter:
             events = self._copy(plan, sources)
             it = iter(plan.leaves)
             leaves = [next(it) if leaf is _PENDING else leaf for leaf in flat.leaves]
-        return Snapshot(FlatState(flat.tree, leaves), plan.total, events)
+            arena = memoryview(self._arena_np)[:plan.total] if self._arena_np is not None else None
+        return Snapshot(FlatState(flat.tree, leaves), plan.total, events, arena, plan.offsets)
 
     def _make_plan(self, signature: tuple[Any, ...]) -> _Plan:
         offsets: list[int] = []
@@ -146,7 +154,8 @@ class Snapshotter:
         self._reserve(total, pinned=self.pin_memory if self.pin_memory is not None else any_cuda)
         arena_np = self._arena_np
         assert arena_np is not None
-        plan = _Plan(signature, total, [], [], [], [], {})
+        plan = _Plan(signature, total, {sig[0]: off for sig, off in zip(signature, offsets, strict=True)},
+                     [], [], [], [], {})
         for i, ((path, kind, name, shape, dev, itemsize), off) in enumerate(zip(signature, offsets, strict=True)):
             n = int(np.prod(shape, dtype=np.int64)) * itemsize if shape else itemsize
             raw = arena_np[off:off + n]

@@ -33,6 +33,7 @@ from fireflyer.core.errors import FireFlyerError, PermissionDenied
 from fireflyer.core.log import get_logger
 from fireflyer.meta import Layout
 from fireflyer.storage.client_min import StorageClient
+from fireflyer.storage.errors import NotServing
 from fireflyer.storage.protocol import OP_QUERY_LAST, LastChunk, QueryLastMsg, to_meta
 
 if TYPE_CHECKING:
@@ -44,7 +45,11 @@ log = get_logger(__name__)
 
 
 def _last_on_chain(storage: StorageClient, chain_id: int, inode_id: int) -> LastChunk:
-    chain = storage.chain(chain_id)
+    try:
+        chain = storage.chain(chain_id)
+    except NotServing:  # a chain newer than our routing snapshot (we connected before it existed)
+        storage.refresh()
+        chain = storage.chain(chain_id)
     err: FireFlyerError | None = None
     for target in reversed(list(chain.serving())):  # the tail first: it commits first
         try:

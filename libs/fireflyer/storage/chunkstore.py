@@ -477,12 +477,13 @@ class ChunkStore:
                 base = self._read_file(chunk_id, row.file, committed, row.meta.length, row.meta.crc)
             if offset == 0 and n >= len(base):
                 content: bytes | bytearray | memoryview = data
+                crc = payload_crc  # verified above: no second pass over a whole chunk
             else:
                 buf = bytearray(max(len(base), offset + n))
                 buf[: len(base)] = base
                 buf[offset : offset + n] = data
                 content = buf
-            crc = crc32c(content)
+                crc = crc32c(content)
             with self._mutex:
                 self._in_flight[chunk_id] = update_ver
             name = None

@@ -167,3 +167,19 @@ def test_truncate_cuts_storage_exactly(admin_fs: FileSystem, ffs: FileSystem, wo
     with ffs.open(path, "r+b", buffering=0) as f:
         f.pwrite(b"#", 3 * CHUNK)
     assert ffs.read_bytes(path) == data[:CHUNK + 7] + bytes(2 * CHUNK - 7) + b"#"
+
+
+def test_exact_length_refreshes_routing_older_than_the_files_chains(admin_fs: FileSystem, ffs: FileSystem,
+                                                                     workdir: str) -> None:
+    """A client whose routing snapshot predates the file's chains (the checkpoint service connects
+    while the cluster comes up) refreshes it instead of failing every close with NotServing."""
+    import msgspec
+
+    path = f"{workdir}/stale-routing"
+    ffs.write_bytes(path, b"x" * 10)
+    inode = ffs.stat(path)
+    assert inode.layout is not None
+    storage = admin_fs.storage
+    storage.routing = msgspec.structs.replace(storage.routing, chains=[], version=1)
+    assert exact_length(storage, inode.layout, inode.id) == 10
+    assert storage.routing.version > 1 and storage.routing.chains
