@@ -32,15 +32,26 @@ Semantics (the tests hold these bit for bit against a numpy reference):
   into ``inputs[0]``); a partial overlap is rejected.
 
 Layout: the kernels get the inputs as an array of addresses and work through
-the range in blocks of :data:`BLOCK` elements held in a float32 (or int64)
-accumulator that stays in L1: each input streams through once, ``out`` is
-written once.  Format and op are runtime integers, so there is exactly one
-compiled specialization for floats and one for integers (``cache=True``),
-whatever k, dtype or op — compile time matters on 2-core CI.
+the range in blocks of :data:`BLOCK` elements.  Per block the first four inputs
+are decoded and combined in one pass into a float32 accumulator that stays in
+L1, each further group of four is folded in with one more pass (max / min: one
+input per pass), and the last pass writes ``out`` (float32) directly; other
+output formats are encoded from the accumulator.  Each input streams through
+once and ``out`` is written once.  Passes never write in place (two
+accumulators alternate): an exact overlap of source and destination makes
+LLVM's runtime alias check fall back to scalar code.  A float32 sum into a big
+float32 ``out`` (``_STREAM_MIN_BYTES``) writes it with non-temporal stores.
 
-Threading: :func:`reduce_into` splits the range into ``threads`` disjoint,
-cache-line aligned slices run on a private thread pool (the kernels are
-``nogil``), the calling thread taking the last one.  :func:`reduce_range` runs
+Specializations: the input format is carried by the element type of the views
+(``_VIEW_TYPE``), so the decode is chosen at compile time and the loops
+vectorize; op, k and the output format are runtime integers.  That is one
+specialization per input format, compiled on first use of that format (the
+dispatch is in Python) and cached (``cache=True``): compile time matters on
+2-core CI.
+
+Threading: :func:`reduce_into` runs the range on a private thread pool (the
+kernels are ``nogil``) as cache-line aligned chunks that the threads, the
+calling one included, take from a shared counter.  :func:`reduce_range` runs
 one slice on the calling thread with no fan-out: the allreduce worker calls it
 from its own threads on its own chunks.  Numba's ``parallel=True`` is not used
 because its default workqueue threading layer is not safe to enter from
@@ -49,7 +60,9 @@ several Python threads at once.
 
 from __future__ import annotations
 
+import itertools
 import os
+import platform
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -58,7 +71,9 @@ import ml_dtypes
 import numpy as np
 from llvmlite import ir
 from numba import carray, njit, types
-from numba.extending import intrinsic
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+from numba.np.numpy_support import as_dtype
 
 from fireflyer.core.errors import InvalidArgument
 from fireflyer.hfreduce._lowp import (
@@ -91,8 +106,8 @@ __all__ = [
     "reduce_range",
 ]
 
-#: elements per accumulator block (16 KiB of float32: two of them fit in L1)
-BLOCK = 16384
+#: elements per accumulator block (16 KiB of float32: stays in L1 beside the input lines)
+BLOCK = 4096
 MAX_INPUTS = 16
 OPS: tuple[str, ...] = ("sum", "avg", "max", "min")
 _SUM, _AVG, _MAX, _MIN = 0, 1, 2, 3
@@ -124,6 +139,17 @@ for _dt, _aliases in [
 
 #: below this many bytes moved, threading costs more than it saves
 _MIN_PARALLEL_BYTES = 1 << 20
+#: bytes moved (read + written) per chunk that :func:`reduce_into`'s threads take
+#: from a shared counter: small enough to even out a descheduled thread, big
+#: enough that the per-chunk call (a few microseconds) stays below 1%
+_CHUNK_BYTES = 16 << 20
+#: a float32 sum into an ``out`` at least this big is written with non-temporal stores: it
+#: would not stay in the cache anyway (half the 32 MiB L3 of the CI machine), and
+#: they save the read of every ``out`` line that a plain store does first.  Smaller
+#: calls (the allreduce worker's chunks, sent right after) keep ``out`` cached.
+_STREAM_MIN_BYTES = 16 << 20
+#: the non-temporal path ends with an x86 ``sfence``; elsewhere big sums take the plain loop
+_NT_STORES = platform.machine().lower() in ("x86_64", "amd64")
 #: slice boundaries are multiples of this many elements (>= one cache line for every dtype)
 _ALIGN = 1024
 
@@ -169,6 +195,55 @@ def _voidptr(typingctx, addr):  # type: ignore[no-untyped-def]
     return types.voidptr(addr), codegen
 
 
+@intrinsic
+def _sum_nt(typingctx, dst, acc, p0, p1, p2, p3, lo, nvec, g, has_acc):  # type: ignore[no-untyped-def]
+    """float32 ``dst[i] = (((acc[i] + x0[i]) + x1[i]) + ...)`` for ``i < 16 * nvec``, the
+    first ``g`` of the float32 inputs at p0..p3 (``acc[lo:]`` first only if ``has_acc``),
+    stored with non-temporal 64-byte stores: ``dst`` must be 64-byte aligned.
+
+    A non-temporal store sends the line to memory without reading it first, which
+    a plain store does: one stream of memory traffic less.  LLVM's vectorizer does
+    not emit aligned ones from a scalar loop, hence the explicit <16 x float> loop.
+    ``g`` and ``has_acc`` are literals (the loop is generated for each).
+    """
+    if not (isinstance(g, types.IntegerLiteral) and isinstance(has_acc, types.IntegerLiteral)
+            and isinstance(acc, types.Array) and acc.dtype == types.float32):
+        return None
+    ng, with_acc = g.literal_value, has_acc.literal_value
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        dst_v, acc_v, *ps, lo_v, nvec_v, _, _ = args
+        vec = ir.VectorType(ir.FloatType(), 16).as_pointer()
+        data = context.make_array(signature.args[1])(context, builder, acc_v).data
+        acc_p = builder.bitcast(builder.gep(data, [lo_v]), vec)
+        in_p = [builder.inttoptr(p, vec) for p in ps[:ng]]
+        dst_p = builder.inttoptr(dst_v, vec)
+        nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+        with cgutils.for_range(builder, nvec_v) as loop:
+            i = loop.index
+            xs = [builder.load(builder.gep(p, [i]), align=4) for p in in_p]
+            v = builder.load(builder.gep(acc_p, [i]), align=4) if with_acc else xs.pop(0)
+            for x in xs:
+                v = builder.fadd(v, x)
+            st = builder.store(v, builder.gep(dst_p, [i]), align=64)
+            st.set_metadata("nontemporal", nontemporal)
+        return context.get_dummy_value()
+
+    return types.none(dst, acc, p0, p1, p2, p3, lo, nvec, g, has_acc), codegen
+
+
+@intrinsic
+def _sfence(typingctx):  # type: ignore[no-untyped-def]
+    """Order the non-temporal stores before whatever follows (they are weakly ordered)."""
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse.sfence")
+        builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
 @njit(nogil=True, cache=True)
 def _max(a, b):  # type: ignore[no-untyped-def]
     return a if (a > b or a != a) else b
@@ -181,7 +256,7 @@ def _min(a, b):  # type: ignore[no-untyped-def]
 
 @njit(nogil=True, cache=True)
 def _combine(acc, x, m, op):  # type: ignore[no-untyped-def]
-    """``acc[:m] = op(acc[:m], x[:m])`` for integer or float32 x."""
+    """``acc[:m] = op(acc[:m], x[:m])`` (integers)."""
     if op == _MAX:
         for j in range(m):
             acc[j] = _max(acc[j], x[j])
@@ -193,129 +268,89 @@ def _combine(acc, x, m, op):  # type: ignore[no-untyped-def]
             acc[j] = acc[j] + x[j]
 
 
+# Float inputs are viewed with an element type that names their format, so the
+# decode is picked when numba types the kernel (one specialization per input
+# format, no format test inside the loops): float32 -> F32, int16 -> F16,
+# uint16 -> BF16, uint8 -> E4M3, int8 -> E5M2.  The decoders mask their input,
+# so the sign extension of the signed views is harmless.
+_VIEW_TYPE = {F32: np.float32, F16: np.int16, BF16: np.uint16, E4M3: np.uint8, E5M2: np.int8}
+
+
+def _view(addr, m, tag):  # type: ignore[no-untyped-def]  # pragma: no cover - jit only
+    """``m`` elements at ``addr`` viewed with the element type of the scalar ``tag``."""
+    raise NotImplementedError
+
+
+@overload(_view, jit_options={"nogil": True}, prefer_literal=False)
+def _view_impl(addr, m, tag):  # type: ignore[no-untyped-def]
+    elem = as_dtype(tag).type
+
+    def impl(addr, m, tag):  # type: ignore[no-untyped-def]
+        return carray(_voidptr(addr), m, elem)
+
+    return impl
+
+
+def _ld(x, j):  # type: ignore[no-untyped-def]  # pragma: no cover - jit only
+    """Element ``j`` of the input view ``x`` decoded to float32 (exact)."""
+    raise NotImplementedError
+
+
+@overload(_ld, jit_options={"nogil": True})
+def _ld_impl(x, j):  # type: ignore[no-untyped-def]
+    dec = {types.float32: None, types.int16: dec_f16, types.uint16: dec_bf16,
+           types.uint8: dec_e4m3, types.int8: dec_e5m2}[x.dtype]
+    if dec is None:
+        return lambda x, j: x[j]
+    return lambda x, j: dec(x[j])
+
+
 @njit(nogil=True, cache=True)
-def _combine4(acc, a, b, c, d, m, op):  # type: ignore[no-untyped-def]
-    """Four float32 inputs in one pass over acc; same left-to-right order as four ``_combine`` calls."""
+def _start(dst, a, b, c, d, g, m, op):  # type: ignore[no-untyped-def]
+    """``dst[:m]`` = the first ``g`` of a, b, c, d combined left to right, in one pass.
+
+    ``g`` is 1 to 4 for sum / avg and 1 for max / min: those are rarer, and one
+    input per pass keeps the compile time (one set of loops per input format) down.
+    """
+    if g == 1:
+        for j in range(m):
+            dst[j] = _ld(a, j)
+    elif g == 2:
+        for j in range(m):
+            dst[j] = _ld(a, j) + _ld(b, j)
+    elif g == 3:
+        for j in range(m):
+            dst[j] = (_ld(a, j) + _ld(b, j)) + _ld(c, j)
+    else:
+        for j in range(m):
+            dst[j] = ((_ld(a, j) + _ld(b, j)) + _ld(c, j)) + _ld(d, j)
+
+
+@njit(nogil=True, cache=True)
+def _fold(dst, acc, a, b, c, d, g, m, op):  # type: ignore[no-untyped-def]
+    """``dst[:m]`` = ``acc[:m]`` combined with the first ``g`` of a, b, c, d (see ``_start``).
+
+    ``dst`` is float32 and never ``acc`` nor one of the inputs: an exact overlap
+    makes LLVM's runtime alias check pick the scalar loop (4x slower here).
+    """
     if op == _MAX:
         for j in range(m):
-            acc[j] = _max(_max(_max(_max(acc[j], a[j]), b[j]), c[j]), d[j])
+            dst[j] = _max(acc[j], _ld(a, j))
     elif op == _MIN:
         for j in range(m):
-            acc[j] = _min(_min(_min(_min(acc[j], a[j]), b[j]), c[j]), d[j])
+            dst[j] = _min(acc[j], _ld(a, j))
+    elif g == 1:
+        for j in range(m):
+            dst[j] = acc[j] + _ld(a, j)
+    elif g == 2:
+        for j in range(m):
+            dst[j] = (acc[j] + _ld(a, j)) + _ld(b, j)
+    elif g == 3:
+        for j in range(m):
+            dst[j] = ((acc[j] + _ld(a, j)) + _ld(b, j)) + _ld(c, j)
     else:
         for j in range(m):
-            acc[j] = (((acc[j] + a[j]) + b[j]) + c[j]) + d[j]
-
-
-@njit(nogil=True, cache=True)
-def _combine4_into(y, acc, a, b, c, d, m, op):  # type: ignore[no-untyped-def]
-    """Like ``_combine4`` but the result goes to ``y`` (``out``): saves a pass over acc."""
-    if op == _MAX:
-        for j in range(m):
-            y[j] = _max(_max(_max(_max(acc[j], a[j]), b[j]), c[j]), d[j])
-    elif op == _MIN:
-        for j in range(m):
-            y[j] = _min(_min(_min(_min(acc[j], a[j]), b[j]), c[j]), d[j])
-    else:
-        for j in range(m):
-            y[j] = (((acc[j] + a[j]) + b[j]) + c[j]) + d[j]
-
-
-@njit(nogil=True, cache=True)
-def _start4(acc, a, b, c, d, m, op):  # type: ignore[no-untyped-def]
-    """``acc = op(op(op(a, b), c), d)``: the first four float32 inputs in one pass."""
-    if op == _MAX:
-        for j in range(m):
-            acc[j] = _max(_max(_max(a[j], b[j]), c[j]), d[j])
-    elif op == _MIN:
-        for j in range(m):
-            acc[j] = _min(_min(_min(a[j], b[j]), c[j]), d[j])
-    else:
-        for j in range(m):
-            acc[j] = ((a[j] + b[j]) + c[j]) + d[j]
-
-
-@njit(nogil=True, cache=True)
-def _f32(addr, m):  # type: ignore[no-untyped-def]
-    return carray(_voidptr(addr), m, np.float32)
-
-
-@njit(nogil=True, cache=True)
-def _accumulate(acc, addr, fmt, m, op):  # type: ignore[no-untyped-def]
-    """``acc[:m] = op(acc[:m], decode(x[:m]))``: decode fused into the combine loop (no temporary)."""
-    p = _voidptr(addr)
-    if fmt == F32:
-        _combine(acc, carray(p, m, np.float32), m, op)
-    elif fmt == F16:
-        xh = carray(p, m, np.uint16)
-        if op == _MAX:
-            for j in range(m):
-                acc[j] = _max(acc[j], dec_f16(xh[j]))
-        elif op == _MIN:
-            for j in range(m):
-                acc[j] = _min(acc[j], dec_f16(xh[j]))
-        else:
-            for j in range(m):
-                acc[j] = acc[j] + dec_f16(xh[j])
-    elif fmt == BF16:
-        xb = carray(p, m, np.uint16)
-        if op == _MAX:
-            for j in range(m):
-                acc[j] = _max(acc[j], dec_bf16(xb[j]))
-        elif op == _MIN:
-            for j in range(m):
-                acc[j] = _min(acc[j], dec_bf16(xb[j]))
-        else:
-            for j in range(m):
-                acc[j] = acc[j] + dec_bf16(xb[j])
-    elif fmt == E4M3:
-        x4 = carray(p, m, np.uint8)
-        if op == _MAX:
-            for j in range(m):
-                acc[j] = _max(acc[j], dec_e4m3(x4[j]))
-        elif op == _MIN:
-            for j in range(m):
-                acc[j] = _min(acc[j], dec_e4m3(x4[j]))
-        else:
-            for j in range(m):
-                acc[j] = acc[j] + dec_e4m3(x4[j])
-    else:
-        x5 = carray(p, m, np.uint8)
-        if op == _MAX:
-            for j in range(m):
-                acc[j] = _max(acc[j], dec_e5m2(x5[j]))
-        elif op == _MIN:
-            for j in range(m):
-                acc[j] = _min(acc[j], dec_e5m2(x5[j]))
-        else:
-            for j in range(m):
-                acc[j] = acc[j] + dec_e5m2(x5[j])
-
-
-@njit(nogil=True, cache=True)
-def _decode(dst, addr, fmt, m):  # type: ignore[no-untyped-def]
-    """float32 ``dst[:m]`` <- the m elements of format ``fmt`` at ``addr``."""
-    p = _voidptr(addr)
-    if fmt == F32:
-        xf = carray(p, m, np.float32)
-        for j in range(m):
-            dst[j] = xf[j]
-    elif fmt == F16:
-        xh = carray(p, m, np.uint16)
-        for j in range(m):
-            dst[j] = dec_f16(xh[j])
-    elif fmt == BF16:
-        xb = carray(p, m, np.uint16)
-        for j in range(m):
-            dst[j] = dec_bf16(xb[j])
-    elif fmt == E4M3:
-        x4 = carray(p, m, np.uint8)
-        for j in range(m):
-            dst[j] = dec_e4m3(x4[j])
-    else:
-        x5 = carray(p, m, np.uint8)
-        for j in range(m):
-            dst[j] = dec_e5m2(x5[j])
+            dst[j] = (((acc[j] + _ld(a, j)) + _ld(b, j)) + _ld(c, j)) + _ld(d, j)
 
 
 @njit(nogil=True, cache=True)
@@ -348,40 +383,141 @@ _ITEMSIZE = np.array([4, 2, 2, 1, 1, 4, 8], dtype=np.int64)
 
 
 @njit(nogil=True, cache=True)
-def _reduce_float(out_addr, out_fmt, in_addrs, in_fmt, start, stop, op):  # type: ignore[no-untyped-def]
+def _reduce_typed(tag, out_addr, out_fmt, in_addrs, isz, start, stop, op):  # type: ignore[no-untyped-def]
+    """The float kernel for inputs viewed as ``typeof(tag)`` (see ``_VIEW_TYPE``).
+
+    Per block: the first (up to) four inputs go to the float32 accumulator in one
+    pass, each further group of (up to) four is folded in with one more pass, and
+    the last pass writes ``out`` directly when it is float32 (sum / max / min),
+    so ``out`` is written once and the accumulators stay in L1.
+    """
     k = in_addrs.shape[0]
     acc = np.empty(BLOCK, np.float32)
+    acc2 = np.empty(BLOCK, np.float32)  # folds go acc -> acc2 -> acc ...: never in place (see _fold)
     kf = np.float32(k)
-    isz = _ITEMSIZE[in_fmt]
     osz = _ITEMSIZE[out_fmt]
+    gmax = 1 if op == _MAX or op == _MIN else 4  # inputs per pass (see _start)
+    g0 = min(k, gmax)
+    last = k - 1 - (k - 1 - g0) % gmax if k > g0 else 0  # first input of the last pass
+    direct = out_fmt == F32 and op != _AVG
+    for q in range(last, k):
+        if in_addrs[q] == out_addr:
+            direct = False
     for b0 in range(start, stop, BLOCK):
         m = min(BLOCK, stop - b0)
         off = b0 * isz
-        if in_fmt == F32 and k >= 4:
-            _start4(acc, _f32(in_addrs[0] + off, m), _f32(in_addrs[1] + off, m),
-                    _f32(in_addrs[2] + off, m), _f32(in_addrs[3] + off, m), m, op)
-            r = 4
-            while r + 4 <= k:
-                if r + 4 == k and out_fmt == F32 and op != _AVG:
-                    _combine4_into(_f32(out_addr + b0 * osz, m), acc, _f32(in_addrs[r] + off, m),
-                                   _f32(in_addrs[r + 1] + off, m), _f32(in_addrs[r + 2] + off, m),
-                                   _f32(in_addrs[r + 3] + off, m), m, op)
-                    r = k + 1  # done: out written
-                    break
-                _combine4(acc, _f32(in_addrs[r] + off, m), _f32(in_addrs[r + 1] + off, m),
-                          _f32(in_addrs[r + 2] + off, m), _f32(in_addrs[r + 3] + off, m), m, op)
-                r += 4
-        else:
-            _decode(acc, in_addrs[0] + off, in_fmt, m)
-            r = 1
-        if r > k:
+        out_view = _view(out_addr + b0 * osz, m, np.float32(0))
+        src = acc
+        in_acc = True  # src is acc (else acc2)
+        a = _view(in_addrs[0] + off, m, tag)
+        b = _view(in_addrs[min(1, k - 1)] + off, m, tag)
+        c = _view(in_addrs[min(2, k - 1)] + off, m, tag)
+        d = _view(in_addrs[min(3, k - 1)] + off, m, tag)
+        _start(out_view if direct and k == g0 else src, a, b, c, d, g0, m, op)
+        r = g0
+        while r < k:
+            g = min(gmax, k - r)
+            a = _view(in_addrs[r] + off, m, tag)
+            b = _view(in_addrs[min(r + 1, k - 1)] + off, m, tag)
+            c = _view(in_addrs[min(r + 2, k - 1)] + off, m, tag)
+            d = _view(in_addrs[min(r + 3, k - 1)] + off, m, tag)
+            dst = acc2 if in_acc else acc
+            if direct and r + g == k:
+                dst = out_view
+            _fold(dst, src, a, b, c, d, g, m, op)
+            src = dst
+            in_acc = not in_acc
+            r += g
+        if direct:
             continue
-        for q in range(r, k):
-            _accumulate(acc, in_addrs[q] + off, in_fmt, m, op)
         if op == _AVG:
+            dst = acc2 if in_acc else acc
             for j in range(m):
-                acc[j] = acc[j] / kf
-        _encode(out_addr + b0 * osz, out_fmt, acc, m)
+                dst[j] = src[j] / kf
+            src = dst
+        _encode(out_addr + b0 * osz, out_fmt, src, m)
+
+
+@njit(nogil=True, cache=True)
+def _sum_edge(out, acc, a, b, c, d, g, has_acc, lo, hi):  # type: ignore[no-untyped-def]
+    """``out[lo:hi]`` of one ``_sum_nt`` pass, with plain stores (the unaligned ends of a block)."""
+    for j in range(lo, hi):
+        v = acc[j] + a[j] if has_acc else a[j]
+        if g >= 2:
+            v = v + b[j]
+        if g >= 3:
+            v = v + c[j]
+        if g >= 4:
+            v = v + d[j]
+        out[j] = v
+
+
+@njit(nogil=True, cache=True)
+def _reduce_stream(out_addr, in_addrs, start, stop):  # type: ignore[no-untyped-def]
+    """float32 sum into a big float32 ``out``: ``_reduce_typed`` with the last pass by ``_sum_nt``."""
+    k = in_addrs.shape[0]
+    acc = np.empty(BLOCK, np.float32)
+    acc2 = np.empty(BLOCK, np.float32)
+    tag = np.float32(0)
+    g0 = min(k, 4)
+    for b0 in range(start, stop, BLOCK):
+        m = min(BLOCK, stop - b0)
+        off = b0 * 4
+        y = out_addr + off
+        h = min(m, ((-y) & 63) >> 2)  # plain stores up to the first 64-byte boundary
+        nvec = (m - h) >> 4
+        src = acc
+        in_acc = True
+        r = 0
+        while True:
+            g = g0 if r == 0 else min(4, k - r)
+            p0 = in_addrs[r] + off
+            p1 = in_addrs[min(r + 1, k - 1)] + off
+            p2 = in_addrs[min(r + 2, k - 1)] + off
+            p3 = in_addrs[min(r + 3, k - 1)] + off
+            a = _view(p0, m, tag)
+            b = _view(p1, m, tag)
+            c = _view(p2, m, tag)
+            d = _view(p3, m, tag)
+            if r + g < k:
+                if r == 0:
+                    _start(acc, a, b, c, d, g, m, _SUM)
+                else:
+                    dst = acc2 if in_acc else acc
+                    _fold(dst, src, a, b, c, d, g, m, _SUM)
+                    src = dst
+                    in_acc = not in_acc
+                r += g
+                continue
+            has_acc = r > 0
+            out = _view(y, m, tag)
+            _sum_edge(out, src, a, b, c, d, g, has_acc, 0, h)
+            _sum_edge(out, src, a, b, c, d, g, has_acc, h + nvec * 16, m)
+            q = h * 4
+            if has_acc:
+                if g == 1:
+                    _sum_nt(y + q, src, p0 + q, p1 + q, p2 + q, p3 + q, h, nvec, 1, 1)
+                elif g == 2:
+                    _sum_nt(y + q, src, p0 + q, p1 + q, p2 + q, p3 + q, h, nvec, 2, 1)
+                elif g == 3:
+                    _sum_nt(y + q, src, p0 + q, p1 + q, p2 + q, p3 + q, h, nvec, 3, 1)
+                else:
+                    _sum_nt(y + q, src, p0 + q, p1 + q, p2 + q, p3 + q, h, nvec, 4, 1)
+            elif g == 1:
+                _sum_nt(y + q, src, p0 + q, p1 + q, p2 + q, p3 + q, h, nvec, 1, 0)
+            elif g == 2:
+                _sum_nt(y + q, src, p0 + q, p1 + q, p2 + q, p3 + q, h, nvec, 2, 0)
+            elif g == 3:
+                _sum_nt(y + q, src, p0 + q, p1 + q, p2 + q, p3 + q, h, nvec, 3, 0)
+            else:
+                _sum_nt(y + q, src, p0 + q, p1 + q, p2 + q, p3 + q, h, nvec, 4, 0)
+            break
+    _sfence()
+
+
+#: the ``tag`` argument of ``_reduce_typed`` per input format.  Dispatching from
+#: Python compiles only the formats a process uses (each is one specialization).
+_TAGS = {fmt: np.dtype(t).type(0) for fmt, t in _VIEW_TYPE.items()}
 
 
 @njit(nogil=True, cache=True)
@@ -441,7 +577,7 @@ def _check_array(a: object, what: str) -> np.ndarray:
 class _Plan:
     """Validated arguments of one call: addresses and format codes for the kernels."""
 
-    __slots__ = ("n", "out_addr", "out_fmt", "in_addrs", "in_fmt", "op", "nbytes")
+    __slots__ = ("n", "out_addr", "out_fmt", "in_addrs", "in_fmt", "op", "nbytes", "stream")
 
     def __init__(self, out: np.ndarray, inputs: Sequence[np.ndarray], op: str, *, widen: bool) -> None:
         _check_array(out, "out")
@@ -494,14 +630,19 @@ class _Plan:
         self.in_fmt = in_fmt
         self.op = code
         self.nbytes = n * (k * in_dtype.itemsize + out.dtype.itemsize)
+        self.stream = (_NT_STORES and in_fmt == out_fmt == F32 and code == _SUM and out.nbytes >= _STREAM_MIN_BYTES
+                       and out_lo % 4 == 0 and all(int(a) % 4 == 0 for a in addrs))
 
     def run(self, start: int, stop: int) -> None:
         if stop <= start:
             return
         if self.in_fmt >= I32:
             _reduce_int(self.out_addr, self.in_addrs, self.in_fmt, start, stop, self.op)
+        elif self.stream:
+            _reduce_stream(self.out_addr, self.in_addrs, start, stop)
         else:
-            _reduce_float(self.out_addr, self.out_fmt, self.in_addrs, self.in_fmt, start, stop, self.op)
+            _reduce_typed(_TAGS[self.in_fmt], self.out_addr, self.out_fmt, self.in_addrs,
+                          int(_ITEMSIZE[self.in_fmt]), start, stop, self.op)
 
 
 _pool: ThreadPoolExecutor | None = None
@@ -517,18 +658,32 @@ def _get_pool() -> ThreadPoolExecutor:
 
 
 def _run_threaded(plan: _Plan, threads: int) -> None:
+    """Run ``plan`` on up to ``threads`` threads that take chunks from a shared counter.
+
+    Chunks rather than one fixed slice per thread: on a shared machine one thread
+    is often descheduled for a while, and with fixed slices the call then waits
+    for it; here the other threads take its remaining chunks.
+    """
     n = plan.n
     parts = min(threads, max(1, plan.nbytes // _MIN_PARALLEL_BYTES), max(1, n // _ALIGN))
     if parts <= 1:
         plan.run(0, n)
         return
-    step = -(-n // parts)
+    per_thread = -(-n // parts)
+    step = min(_CHUNK_BYTES * n // plan.nbytes, per_thread)  # at least one chunk per thread
     step = -(-step // _ALIGN) * _ALIGN
-    bounds = [(lo, min(lo + step, n)) for lo in range(0, n, step)]
+    nchunks = -(-n // step)
+    counter = itertools.count()  # next() is atomic under the GIL
+
+    def work() -> None:
+        while (i := next(counter)) < nchunks:
+            lo = i * step
+            plan.run(lo, min(lo + step, n))
+
     pool = _get_pool()
-    futures = [pool.submit(plan.run, lo, hi) for lo, hi in bounds[:-1]]
+    futures = [pool.submit(work) for _ in range(parts - 1)]
     try:
-        plan.run(*bounds[-1])
+        work()
     finally:
         for f in futures:
             f.result()

@@ -249,6 +249,24 @@ def test_out_may_alias_an_input(dt: type, pos: int) -> None:
     assert_same(xs[pos], ref)
 
 
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+def test_big_float32_sum_non_temporal_path(k: int) -> None:
+    # out at least _STREAM_MIN_BYTES: the float32 sum takes the non-temporal store path; odd
+    # element offsets make out and the inputs start off a 64-byte boundary (scalar head / tail)
+    n = kernels._STREAM_MIN_BYTES // 4 + 1000 + 37
+    rng = np.random.default_rng(k)
+    xs = [rng.standard_normal(n + 3, dtype=F32)[i % 3:i % 3 + n] for i in range(k)]
+    ref = reference(xs, "sum", np.dtype(F32))
+    for off in (0, 1):
+        out = np.empty(n + 1, F32)[off:off + n]
+        for threads in (1, 2):
+            out[...] = np.nan
+            reduce_into(out, xs, "sum", threads=threads)
+            assert_same(out, ref)
+    reduce_into(xs[k - 1], xs, "sum")  # in place into the last input (read in the same pass)
+    assert_same(xs[k - 1], ref)
+
+
 def test_reduce_range_touches_only_its_range() -> None:
     xs = random_inputs(np.dtype(F32), 3, N, seed=17)
     out = np.full(N, 7.0, F32)
