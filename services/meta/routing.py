@@ -50,9 +50,12 @@ class RoutingFollower:
         self.ctx.spawn(self._heartbeat_when_serving(), name="meta.heartbeat")
 
     async def refresh_now(self) -> bool:
-        """Pull routing info now; True if it brought newer tables."""
+        """Pull routing info now; True if mgmtd answered.  Also True when the pull brought
+        nothing newer: a periodic pull or a version event may have adopted the table
+        while the failed call ran, so the caller retries once either way."""
         try:
-            return await self.cache.refresh() is not None
+            await self.cache.refresh()
+            return True
         except (Unavailable, DeadlineExceeded):
             return False
 
