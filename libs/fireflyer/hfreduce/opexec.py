@@ -31,7 +31,8 @@ reduces the children's chunk into it and sends it on, so the two trees reduce di
 halves at once and the first chunk leaves the node after one chunk of local work instead
 of after the whole buffer.  Write-back: the engine reports each final range through
 ``on_final`` and a dedicated thread writes it to the ranks while later chunks are still
-in the trees.  (Every range is read by ``fill`` before it can become final, so the
+in the trees, with :func:`.copies.copy_into` (non-temporal stores, the source read once
+for every rank).  (Every range is read by ``fill`` before it can become final, so the
 write-back never overwrites an input still to be reduced.)
 """
 
@@ -46,6 +47,7 @@ import ml_dtypes
 import numpy as np
 
 from . import kernels
+from .copies import copy_into
 from .types import Fingerprint, OpStats
 
 __all__ = ["OpPlan", "execute", "wire_layout"]
@@ -200,13 +202,12 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
                 np.divide(seg, np.float32(divisor), out=seg)
         if not targets:
             return
-        first = targets[0][a:b]
         if wdt != plan.dtype:
+            first = targets[0][a:b]
             kernels.cast_into(first, seg, threads=1)
+            copy_into([t[a:b] for t in targets[1:]], first)
         else:
-            np.copyto(first, seg)
-        for t in targets[1:]:
-            np.copyto(t[a:b], first)
+            copy_into([t[a:b] for t in targets], seg)
 
     if engine is not None:
         # the local reduce runs inside the engine, chunk by chunk, on its two up threads:
@@ -259,8 +260,7 @@ def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s:
         t = time.perf_counter()
         src = raw[root]  # type: ignore[index]
         for a, b in _chunks(nbytes, 1, plan.chunk_bytes):
-            for r in others:
-                np.copyto(r[a:b], src[a:b])
+            copy_into([r[a:b] for r in others], src[a:b])
         times["writeback_s"] = time.perf_counter() - t
         return None, times
     _, _, words = wire_layout("broadcast", "sum", plan.dtype, plan.count)
@@ -278,8 +278,7 @@ def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s:
         lo, hi = a * 4, min(b * 4, nbytes)
         if lo >= hi:
             return
-        for r in targets:
-            np.copyto(r[lo:hi], wbytes[lo:hi])
+        copy_into([r[lo:hi] for r in targets], wbytes[lo:hi])
 
     on_phase("tree")
     stats = _run_tree(engine, work, "sum", fp, deadline_s, write, writer, times)
