@@ -43,6 +43,7 @@ import numpy as np
 from fireflyer.core.errors import FireFlyerError, InvalidArgument, Unavailable, error_from_dict
 
 from . import kernels
+from .cuda import is_cuda_array
 from .errors import CollectiveTimeout, HFReduceError, PeerLost
 from .protocol import (
     Bye,
@@ -336,8 +337,6 @@ class Communicator:
 
     def _prepare(self, kind: str, x: Any, root: int) -> tuple[int, int, int, str, Any, Any]:
         """Where the worker finds x: (seg, offset, count, dtype, finish, release)."""
-        from .cuda import is_cuda_array
-
         writes_back = kind == "allreduce" or (kind == "reduce" and root == self.rank) or \
             (kind == "broadcast" and root != self.rank)
         if is_cuda_array(x):

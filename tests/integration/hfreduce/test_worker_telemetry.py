@@ -96,3 +96,40 @@ def test_worker_stop_ends_its_accept_thread() -> None:
         t.join(timeout=5.0)
     assert not [t for t in mine if t.is_alive()]
     assert not Path(sock).exists()
+
+
+def test_small_ops_run_on_the_last_ranks_thread_and_large_ones_on_the_op_thread() -> None:
+    """Ops up to FAST_OP_BYTES skip the hand-off to the op thread; results are the same either way."""
+    from fireflyer.hfreduce.nodecomm import FAST_OP_BYTES
+
+    sock = tempfile.mktemp(prefix="hfr", suffix=".sock", dir="/tmp")
+    w = Worker(node_rank=0, nnodes=1, local_world_size=2, socket_path=sock, settings=WorkerSettings())
+    w.start()
+    try:
+        comms = _ranks(sock, "fast-path")
+        small, large = FAST_OP_BYTES // 4, FAST_OP_BYTES // 4 + 1
+        results: list = [None, None]
+
+        def run(i: int) -> None:
+            got = []
+            for n in (small, 1, large, 7, large):
+                x = np.full(n, float(i + 1), np.float32)
+                comms[i].allreduce(x)
+                got.append(x)
+            comms[i].barrier()
+            results[i] = got
+
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+        for got in results:
+            assert got is not None and all((x == 3.0).all() for x in got)
+        info = next(iter(w.info()["comms"].values()))
+        assert info["next_seq"] == 6
+        assert info["fast_ops"] == 4  # the two large ops went to the op thread (the barrier is a small op)
+        for c in comms:
+            c.close()
+    finally:
+        w.stop()
