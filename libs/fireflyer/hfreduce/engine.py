@@ -487,15 +487,20 @@ class NodeEngine(Pipeline):
                 f"{desc} on {self.who(self.node)} aborted: {self.who(origin)} failed first: {reason}",
                 node=self.node, origin=origin, reason=reason, seq=st.fp.seq if st is not None else None,
                 culprit=m.get("culprit"))
-        self._fail(mine, source=lk, forward=dict(m))
+        # a peer that closed cleanly while we are between ops (the end of a job: nodes close
+        # one after the other) is no fault; during an op it is, and is logged as one
+        self._fail(mine, source=lk, forward=dict(m), log=not (m.get("closed") and not self._in_op))
 
     def _fail(self, err: HFReduceError, *, source: Link | None = None, culprit: int | None = None,
-              forward: dict[str, object] | None = None, log: bool = True) -> None:
-        """Record the first failure, wake every thread, flood ``hfr.abort`` (once)."""
+              forward: dict[str, object] | None = None, log: bool = True, closed: bool = False) -> None:
+        """Record the first failure, wake every thread, flood ``hfr.abort`` (once).
+
+        ``closed``: the failure is this node closing its engine cleanly; peers that are
+        between ops then record it without logging (a normal end, not a fault)."""
         if culprit is None and isinstance(err, CollectiveTimeout | PeerLost):
             culprit = err.peer
         meta = forward or {"origin": self.node, "reason": str(err), "culprit": culprit,
-                           "error": err.to_dict()}
+                           "error": err.to_dict(), "closed": closed}
         with self._mu:
             if self._failure is not None:
                 return
@@ -547,7 +552,8 @@ class NodeEngine(Pipeline):
                 return
             was_ok = self._failure is None
         if was_ok and self._links:
-            self._fail(HFReduceError(f"{self.who(self.node)} closed its engine", node=self.node), log=False)
+            self._fail(HFReduceError(f"{self.who(self.node)} closed its engine", node=self.node), log=False,
+                       closed=True)
         with self._mu:
             self._closing = True
             if self._failure is None:
