@@ -29,6 +29,8 @@ from numba.extending import intrinsic
 
 from fireflyer.core.errors import InvalidArgument
 
+from .kernels import _sfence, _voidptr
+
 __all__ = ["copy_into", "NT_MIN_BYTES"]
 
 #: non-temporal stores only pay when the destination would not stay cached anyway, and
@@ -61,30 +63,6 @@ def _copy_nt(typingctx, dst, src, nvec):  # type: ignore[no-untyped-def]
         return context.get_dummy_value()
 
     return types.none(dst, src, nvec), codegen
-
-
-@intrinsic
-def _sfence(typingctx):  # type: ignore[no-untyped-def]
-    """Order the weakly ordered non-temporal stores before whatever follows."""
-
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse.sfence")
-        builder.call(fn, [])
-        return context.get_dummy_value()
-
-    return types.none(), codegen
-
-
-@intrinsic
-def _voidptr(typingctx, addr):  # type: ignore[no-untyped-def]
-    """An integer address as a ``void*`` (for ``carray``)."""
-    if not isinstance(addr, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
-
-    return types.voidptr(addr), codegen
 
 
 @njit(nogil=True, cache=True)

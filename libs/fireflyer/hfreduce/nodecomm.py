@@ -16,8 +16,10 @@ generation builds a new one on the same listen address once the old one has clos
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -185,20 +187,30 @@ class NodeComm:
     def _run_fast(self, seq: int, subs: dict[int, tuple[Submit, float, float]]) -> None:
         """Run small op ``seq`` on this rank's thread (claimed with ``busy`` by submit)."""
         try:
-            self._run_op(seq, subs)
-        except _Stop:
-            pass
-        except FireFlyerError as e:
-            self.fail(e)
-        except Exception as e:  # a bug: fail loudly on every rank rather than hang them
-            log.exception("hfreduce.op_crashed", comm=self.key)
-            self.fail(HFReduceError(f"HFReduce worker of node {self.node_rank} failed: {type(e).__name__}: {e}",
-                                    node=self.node_rank))
+            with self._failing_on_error():
+                self._run_op(seq, subs)
         finally:
             with self.cond:
                 if self.busy and self.next_seq <= seq:  # failed before _run_op released it
                     self.busy = False
                     self.cond.notify_all()
+
+    @contextlib.contextmanager
+    def _failing_on_error(self) -> Iterator[None]:
+        """Turn an op-running thread's errors into a failed generation (every rank raises);
+        ``_Stop`` (already failed) ends quietly, ``_Closing`` passes through."""
+        try:
+            yield
+        except _Stop:
+            pass
+        except FireFlyerError as e:
+            self.fail(e)
+        except _Closing:
+            raise
+        except Exception as e:  # a bug: fail loudly on every rank rather than hang them
+            log.exception("hfreduce.op_crashed", comm=self.key)
+            self.fail(HFReduceError(f"HFReduce worker of node {self.node_rank} failed: {type(e).__name__}: {e}",
+                                    node=self.node_rank))
 
     def fail(self, err: FireFlyerError) -> None:
         """Fail every pending and future op of this generation, here and (via the engine) on other nodes."""
@@ -231,23 +243,16 @@ class NodeComm:
 
     def _run(self) -> None:
         try:
-            if self.nnodes > 1:
-                self.start_engine()
-            with self.cond:
-                self.ready = True
-            while True:
-                seq, subs = self._wait_for_op()
-                self._run_op(seq, subs)
-        except _Stop:
-            pass
+            with self._failing_on_error():
+                if self.nnodes > 1:
+                    self.start_engine()
+                with self.cond:
+                    self.ready = True
+                while True:
+                    seq, subs = self._wait_for_op()
+                    self._run_op(seq, subs)
         except _Closing:
             self._close_handshake()
-        except FireFlyerError as e:
-            self.fail(e)
-        except Exception as e:  # a bug: fail loudly on every rank rather than hang them
-            log.exception("hfreduce.op_crashed", comm=self.key)
-            self.fail(HFReduceError(f"HFReduce worker of node {self.node_rank} failed: {type(e).__name__}: {e}",
-                                    node=self.node_rank))
         finally:
             engine, self.engine = self.engine, None
             if engine is not None:
