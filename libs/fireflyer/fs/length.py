@@ -23,13 +23,14 @@ and remembers not to ask again.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
 
-from fireflyer.core.errors import FireFlyerError, PermissionDenied
+from fireflyer.core.errors import DeadlineExceeded, FireFlyerError, PermissionDenied, Unavailable
 from fireflyer.core.log import get_logger
 from fireflyer.meta import Layout
 from fireflyer.storage.client_min import StorageClient
@@ -45,11 +46,22 @@ log = get_logger(__name__)
 
 
 def _last_on_chain(storage: StorageClient, chain_id: int, inode_id: int) -> LastChunk:
-    try:
-        chain = storage.chain(chain_id)
-    except NotServing:  # a chain newer than our routing snapshot (we connected before it existed)
-        storage.refresh()
-        chain = storage.chain(chain_id)
+    """Ask the chain's serving targets, tail first, for the file's last chunk; on errors a
+    newer routing may cure (a chain newer than our snapshot, a node that restarted on a new
+    port: ``ff down`` then ``ff up`` on the same state dir) refresh it and retry, with
+    backoff, within the storage client's retry deadline like its reads and writes."""
+    deadline = time.monotonic() + storage.retry_deadline_s
+    attempt = 0
+    while True:
+        try:
+            return _query_last(storage, chain_id, inode_id)
+        except (Unavailable, DeadlineExceeded) as e:  # NotServing is an Unavailable
+            storage._backoff(attempt, deadline, e)  # refreshes routing; re-raises e past the deadline
+            attempt += 1
+
+
+def _query_last(storage: StorageClient, chain_id: int, inode_id: int) -> LastChunk:
+    chain = storage.chain(chain_id)
     err: FireFlyerError | None = None
     for target in reversed(list(chain.serving())):  # the tail first: it commits first
         try:
@@ -61,7 +73,7 @@ def _last_on_chain(storage: StorageClient, chain_id: int, inode_id: int) -> Last
             raise
         except FireFlyerError as e:
             err = e
-    raise err or FireFlyerError(f"chain {chain_id} has no serving target", chain=chain_id)
+    raise err or NotServing(f"chain {chain_id} has no serving target", chain=chain_id)
 
 
 def exact_length(storage: StorageClient, layout: Layout, inode_id: int) -> int | None:

@@ -183,3 +183,29 @@ def test_exact_length_refreshes_routing_older_than_the_files_chains(admin_fs: Fi
     storage.routing = msgspec.structs.replace(storage.routing, chains=[], version=1)
     assert exact_length(storage, inode.layout, inode.id) == 10
     assert storage.routing.version > 1 and storage.routing.chains
+
+
+def test_exact_length_retries_a_node_address_that_went_stale(admin_fs: FileSystem, ffs: FileSystem,
+                                                            workdir: str) -> None:
+    """After ``ff down`` / ``ff up`` on the same state dir the storage nodes listen on new ports
+    and a routing snapshot can still name the old ones (a second ``make demo`` failed every close
+    with "cannot connect"): the query refreshes routing and retries instead of failing."""
+    import socket
+
+    import msgspec
+
+    path = f"{workdir}/stale-address"
+    ffs.write_bytes(path, b"y" * 12)
+    inode = ffs.stat(path)
+    assert inode.layout is not None
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    storage = admin_fs.storage
+    real = storage.routing
+    stale = tuple(msgspec.structs.replace(n, tags=tuple(f"wire={dead}" if t.startswith("wire=") else t
+                                                        for t in n.tags)) for n in real.nodes)
+    storage.routing = msgspec.structs.replace(real, nodes=stale, version=1)
+    storage._avoid.clear()
+    assert exact_length(storage, inode.layout, inode.id) == 12
+    assert storage.routing.version == real.version
