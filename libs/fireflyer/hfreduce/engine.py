@@ -487,9 +487,11 @@ class NodeEngine(Pipeline):
                 f"{desc} on {self.who(self.node)} aborted: {self.who(origin)} failed first: {reason}",
                 node=self.node, origin=origin, reason=reason, seq=st.fp.seq if st is not None else None,
                 culprit=m.get("culprit"))
-        # a peer that closed cleanly while we are between ops (the end of a job: nodes close
-        # one after the other) is no fault; during an op it is, and is logged as one
-        self._fail(mine, source=lk, forward=dict(m), log=not (m.get("closed") and not self._in_op))
+        # a peer that closed cleanly while we are between ops or in the last, ``close``
+        # collective (the end of a job: it finished that op first, so every earlier op is done
+        # everywhere) is no fault; during any other op it is, and is logged as one
+        ending = not self._in_op or (st is not None and st.fp.kind == "close")
+        self._fail(mine, source=lk, forward=dict(m), log=not (m.get("closed") and ending))
 
     def _fail(self, err: HFReduceError, *, source: Link | None = None, culprit: int | None = None,
               forward: dict[str, object] | None = None, log: bool = True, closed: bool = False) -> None:

@@ -149,3 +149,30 @@ def test_a_peer_closing_between_ops_is_not_logged_as_a_failure(caplog: pytest.Lo
         assert not [r for r in caplog.records if "engine failed" in r.getMessage()]
     finally:
         close_all(engines)
+
+
+@pytest.mark.parametrize(("kind", "logged"), [("close", False), ("allreduce", True)])
+def test_a_peer_closing_during_our_close_collective_is_not_logged(caplog: pytest.LogCaptureFixture, kind: str,
+                                                                  logged: bool) -> None:
+    """The node that finishes the last (``close``) collective first closes its engine while a peer
+    may still be inside that op (its final chunk is on another link): not a fault.  During any
+    other op the same abort is one, and is logged."""
+    from types import SimpleNamespace
+
+    engines = make_engines(2)
+    try:
+        e0 = engines[0]
+        with e0._mu:  # white box: node 0 is inside an op of this kind when node 1 closes
+            e0._in_op = True
+            e0._op = SimpleNamespace(fp=Fingerprint("c", 5, "sum", "int32", 1, kind=kind), k=5)
+        with caplog.at_level("DEBUG"):
+            engines[1].close()
+            t0 = time.monotonic()
+            while e0.failed is None and time.monotonic() - t0 < 5:
+                time.sleep(0.01)
+        assert e0.failed is not None and "closed its engine" in str(e0.failed)
+        assert bool([r for r in caplog.records if "engine failed" in r.getMessage()]) is logged
+    finally:
+        with engines[0]._mu:
+            engines[0]._in_op, engines[0]._op = False, None
+        close_all(engines)
