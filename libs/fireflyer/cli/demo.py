@@ -3,7 +3,9 @@
 ``ff up`` of the default cluster (deploy/local.toml), ``ff status``, one
 authenticated echo call that publishes a NATS event, a small training loop that
 checkpoints through the checkpoint service into 3FS and loads the latest back
-(:mod:`.demo_ckpt`), ``ff down``, and the one trace that followed the echo call
+(:mod:`.demo_ckpt`), four ranks on two simulated nodes that meet through the
+coordination service and allreduce with HFReduce (:mod:`.demo_allreduce`),
+``ff down``, and the one trace that followed the echo call
 from this CLI through a service and NATS into every echo instance, read back
 from the cluster's span file after ``ff down`` flushed it.
 """
@@ -41,6 +43,7 @@ def trace_tree(spans: Sequence[Any], trace_id: str) -> list[str]:
 
 
 def run_demo(*, state_dir: Path, config: Path, console: Any) -> int:
+    from fireflyer.cli.demo_allreduce import allreduce_demo
     from fireflyer.cli.demo_ckpt import checkpoint_demo
     from fireflyer.cli.echo import call_echo, resolve_target
     from fireflyer.cluster import supervisor
@@ -77,6 +80,10 @@ def run_demo(*, state_dir: Path, config: Path, console: Any) -> int:
 
         console.rule("[bold]checkpoints (a training loop saves through the checkpoint service into 3FS)")
         if not checkpoint_demo(state_dir, console):
+            rc = 1
+
+        console.rule("[bold]ff launch + HFReduce (2 nodes x 2 ranks meet through coord and allreduce)")
+        if not allreduce_demo(state_dir, console):
             rc = 1
         shutdown_tracing()
     finally:

@@ -3,7 +3,8 @@
 A model and its Adam optimizer train a few steps; every step is saved by a
 :class:`~fireflyer.ckpt.CheckpointManager` whose catalog is the cluster's checkpoint service
 and whose data goes to 3FS (with the user token, as a training job would), with
-``keep_last=2``; then the latest checkpoint is loaded into a fresh model and optimizer and
+``keep_last=2`` (a later demo on the same state dir continues the job's steps); then the
+latest checkpoint is loaded into a fresh model and optimizer and
 compared bit for bit, and the job's checkpoints are listed as ``ff ckpt ls`` shows them.
 """
 
@@ -52,7 +53,14 @@ def checkpoint_demo(state_dir: Path, console: Any, *, steps: int = 3) -> bool:
     client = CheckpointClient(ckpt_addr, token=user.token)
     try:
         with CheckpointManager("demo", catalog=client, fs=fs, keep_last=2) as mgr:
-            for step in range(1, steps + 1):
+            # a cluster state dir outlives `ff down`: a second demo resumes the job's step count
+            # (the catalog refuses a step below the newest committed one)
+            last = mgr.latest()
+            first = 1 if last is None else last.step + 1
+            if last is not None:
+                console.print(f"job demo has checkpoints up to step {last.step} from an earlier run: "
+                              f"continuing at step {first}")
+            for step in range(first, first + steps):
                 opt.zero_grad()
                 model(torch.randn(64, 256)).pow(2).mean().backward()
                 opt.step()
