@@ -7,6 +7,8 @@ Settings (``FF_META_*``, file section ``[meta]``; see :class:`MetaSection`)::
     FF_META_THREADS       threads running mutations (0 = auto by backend)
     FF_META_INLINE_READS  read-only calls on the event loop (default: on SQLite only)
     FF_META_INLINE_WRITES mutations on the event loop unless they would wait (default: on SQLite only)
+    FF_META_WIRE          also serve every call over fireflyer.wire (default on; see wire.py)
+    FF_META_WIRE_PORT     its port (0 = a free one; clients learn it from the Endpoints call)
     FF_MGMTD_ADDR         mgmtd host:port; chain tables then come from its routing info
     FF_META_STATIC_CHAINS chains of the static table used without mgmtd
 
@@ -23,6 +25,7 @@ them stateless and interchangeable.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,11 +39,13 @@ from fireflyer.core.log import get_logger
 from fireflyer.core.runtime import Service, ServiceContext
 from fireflyer.kv import KV, open_kv
 from fireflyer.meta import ChainTableSource, LayoutPolicy, MetaStore, StaticChainTables
+from fireflyer.rpc import ANONYMOUS_ADMIN, Principal
 
 from .gc import GcSettings, GcWorker, StorageCleaner, TruncatingServicer
 from .routing import RoutingFollower
 from .servicer import SERVICE_NAME, MetaServicer
 from .users import UserIds
+from .wire import MetaWireEndpoint
 
 __all__ = ["MetaSection", "MetaSettings", "MetaService", "kv_url_for"]
 
@@ -63,6 +68,10 @@ class MetaSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     #: KV's write lock (or a retry) goes to the pool instead; None = auto: yes where the KV
     #: supports it (SQLite: the lock is local, so "would wait" is known without waiting)
     inline_writes: bool | None = None
+    #: serve every call over fireflyer.wire too (MetaClient prefers it: a fraction of gRPC's cost per
+    #: call); the listener binds the gRPC host, on ``wire_port`` (0 = a free port)
+    wire: bool = True
+    wire_port: int = 0
     #: the chain table used when no mgmtd is configured
     static_table_id: int = 1
     static_chains: list[int] = msgspec.field(default_factory=lambda: list(range(1, 17)))
@@ -109,6 +118,7 @@ class MetaService(Service):
         self.follower: RoutingFollower | None = None
         self.servicer: MetaServicer | None = None
         self.cleaner: StorageCleaner | None = None
+        self.wire: MetaWireEndpoint | None = None
 
     async def start(self, ctx: ServiceContext) -> None:
         s: MetaSettings = self.settings  # type: ignore[assignment]
@@ -146,11 +156,17 @@ class MetaService(Service):
         else:
             self.servicer = MetaServicer(store, **common)
         ctx.add_servicer(meta_pb2_grpc.add_MetaServiceServicer_to_server, self.servicer, SERVICE_NAME)
-        ctx.log.info("meta.ready", kv=getattr(self.kv, "backend", "?"), threads=threads, inline_reads=inline_reads,
+        if s.meta.wire:
+            self.wire = MetaWireEndpoint(self.servicer, authenticate=_authenticator(ctx), host=s.rpc.host,
+                                         port=s.meta.wire_port)
+            self.servicer.wire_address = await self.wire.start()
+        ctx.log.info("meta.ready", wire=self.servicer.wire_address or None, kv=getattr(self.kv, "backend", "?"), threads=threads, inline_reads=inline_reads,
                      inline_writes=inline_writes,
                      chain_tables="mgmtd" if self.follower else "static", users=len(s.meta.users))
 
     async def stop(self) -> None:
+        if self.wire is not None:
+            await self.wire.stop()
         if self.servicer is not None:  # how often an inline mutation had to go to the pool
             log.info("meta.stopping", calls=self.servicer.calls, deferred_to_pool=self.servicer.deferred)
         if self.cleaner is not None:
@@ -161,6 +177,15 @@ class MetaService(Service):
             self.pool.shutdown(wait=True, cancel_futures=True)
         if self.kv is not None:
             self.kv.close()
+
+
+def _authenticator(ctx: ServiceContext) -> Callable[[str], Principal | None]:
+    """The gRPC server's token lookup, for the wire endpoint's hello."""
+    server = ctx.server
+    if not server.auth_enabled:
+        return lambda token: ANONYMOUS_ADMIN
+    assert server.tokens is not None
+    return server.tokens.lookup
 
 
 def _storage_factory(mgmtd_addr: str, token: str) -> Any:

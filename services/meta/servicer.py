@@ -99,6 +99,8 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         self.calls = 0
         #: mutations tried inline that had to wait and went to the pool instead
         self.deferred = 0
+        #: host:port of this replica's wire endpoint (see wire.py); "" when it runs none
+        self.wire_address = ""
         #: Caller per principal: the users table is fixed for the servicer's life, and hashing a
         #: name to a uid on every call was a visible share of a small call's server time
         self._callers: dict[Any, Caller] = {}
@@ -272,3 +274,6 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         inode = await self._run_layout(self.store.set_dir_policy, self._caller(), path, policy,
                                        request_id=request_id(request))
         return pb.SetDirPolicyReply(inode=codec.inode_to_pb(inode))
+
+    async def Endpoints(self, request: pb.EndpointsRequest, context: Any) -> pb.EndpointsReply:
+        return pb.EndpointsReply(wire_address=self.wire_address)

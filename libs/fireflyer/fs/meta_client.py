@@ -22,6 +22,16 @@ across its retries; the store keeps the outcome under that id in the KV (3FS's
 ``IDEM`` records), so when a connection dies after the server committed, the
 retry on another replica returns the first outcome instead of EEXIST/ENOENT.
 
+**Transport.**  Each replica also serves every call over ``fireflyer.wire``
+(services/meta/wire.py: the same protobuf messages as payloads of framed requests
+on the server's event loop, at a fraction of gRPC's Python cost per call).  The
+client asks each replica once (``Endpoints`` over gRPC) where that listener is,
+opens one connection to it and sends the replica's calls there; a replica that
+runs none, or whose listener cannot be reached, keeps being called over gRPC
+(asked again after ``WIRE_RECHECK_S``).  ``transport="grpc"`` (or
+``FF_META_TRANSPORT=grpc``) never uses it.  Failover, request ids and errors are
+the same on both.
+
 **Routing.**  With ``mgmtd=`` (a :class:`fireflyer.mgmt.client.RoutingCache`,
 kept fresh by mgmtd's routing-version events, or a bare ``MgmtdClient``) the
 replica list is the live ``meta`` nodes of routing info (each meta replica
@@ -42,13 +52,25 @@ from typing import Any
 from fireflyer.api.meta.v1 import meta_pb2 as pb
 from fireflyer.api.meta.v1 import meta_pb2_grpc
 from fireflyer.core.config import RpcSettings
-from fireflyer.core.errors import InvalidArgument, Unavailable
+from fireflyer.core.errors import FireFlyerError, InvalidArgument, Unauthenticated, Unavailable, Unimplemented
+from fireflyer.core.log import get_logger
 from fireflyer.meta import DirEntry, Inode, LayoutPolicy, OpenResult, ReaddirPage, StatFs
 from fireflyer.rpc import connect as rpc_connect
+from fireflyer.wire.aio import AioConnection
 
 from . import meta_codec as codec
 
-__all__ = ["MetaClient", "parse_addresses"]
+__all__ = ["MetaClient", "parse_addresses", "TRANSPORTS", "WIRE_RECHECK_S"]
+
+log = get_logger(__name__)
+
+#: "auto": a replica's wire endpoint when it has one, else gRPC; "grpc": gRPC only
+TRANSPORTS = ("auto", "grpc")
+#: how long a replica without a usable wire endpoint is called over gRPC before asking again
+WIRE_RECHECK_S = 30.0
+#: reply message type per method, for decoding wire payloads
+_REPLY_TYPES: dict[str, Any] = {m.name: getattr(pb, m.output_type.name)
+                                for m in pb.DESCRIPTOR.services_by_name["MetaService"].methods}
 
 #: what a list of meta servers looks like in FF_META_ADDR and --address
 AddressSource = Callable[[], Awaitable[list[str]]]
@@ -71,8 +93,13 @@ def parse_addresses(value: str | Sequence[str] | None) -> list[str]:
     return out
 
 
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 class _Replica:
-    __slots__ = ("address", "channel", "stub", "benched_until", "calls")
+    __slots__ = ("address", "channel", "stub", "benched_until", "calls", "wire", "wire_retry_at", "wire_lock")
 
     def __init__(self, address: str, token: str | None, settings: RpcSettings) -> None:
         self.address = address
@@ -80,6 +107,16 @@ class _Replica:
         self.stub = meta_pb2_grpc.MetaServiceStub(self.channel)
         self.benched_until = 0.0
         self.calls = 0
+        #: the open wire connection (None: not asked yet, none offered, or it broke)
+        self.wire: AioConnection | None = None
+        #: no wire discovery before this (monotonic): the replica offered none or it failed
+        self.wire_retry_at = 0.0
+        self.wire_lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        if self.wire is not None:
+            self.wire.close()
+        await self.channel.close()
 
 
 class MetaClient:
@@ -87,7 +124,12 @@ class MetaClient:
 
     def __init__(self, addresses: Sequence[str], token: str | None, *, settings: RpcSettings | None = None,
                  failover_timeout_s: float = 10.0, bench_s: float = 1.0,
-                 refresh: AddressSource | None = None) -> None:
+                 refresh: AddressSource | None = None, transport: str | None = None) -> None:
+        transport = transport or os.environ.get("FF_META_TRANSPORT") or "auto"
+        if transport not in TRANSPORTS:
+            raise InvalidArgument(f"meta transport {transport!r} is not one of {', '.join(TRANSPORTS)}",
+                                  transport=transport)
+        self.transport = transport
         if not addresses:
             raise InvalidArgument("no meta server addresses: pass addresses, set FF_META_ADDR or give mgmtd=")
         self.token = token
@@ -104,7 +146,7 @@ class MetaClient:
     @classmethod
     async def connect(cls, addresses: str | Sequence[str] | None = None, token: str | None = None, *,
                       mgmtd: Any = None, settings: RpcSettings | None = None,
-                      failover_timeout_s: float = 10.0) -> MetaClient:
+                      failover_timeout_s: float = 10.0, transport: str | None = None) -> MetaClient:
         """A client for ``addresses`` (or mgmtd's meta nodes, or FF_META_ADDR).
 
         ``token=None`` uses ``FF_TOKEN``.  Channels connect lazily, so this does
@@ -122,7 +164,8 @@ class MetaClient:
                 found = await refresh()
         if not found:
             found = parse_addresses(os.environ.get("FF_META_ADDR"))
-        return cls(found, token, settings=settings, failover_timeout_s=failover_timeout_s, refresh=refresh)
+        return cls(found, token, settings=settings, failover_timeout_s=failover_timeout_s, refresh=refresh,
+                   transport=transport)
 
     def _set_addresses(self, addresses: Sequence[str]) -> list[_Replica]:
         """Keep channels of replicas still listed, open new ones; returns the dropped ones."""
@@ -139,8 +182,13 @@ class MetaClient:
         """Calls sent to each replica so far, retries included (load spreading, tests)."""
         return {r.address: r.calls for r in self._replicas}
 
+    def transports(self) -> dict[str, str]:
+        """How each replica is being called now: "wire host:port" or "grpc"."""
+        return {r.address: f"wire {r.wire.peer}" if r.wire is not None and not r.wire.closed else "grpc"
+                for r in self._replicas}
+
     async def close(self) -> None:
-        await asyncio.gather(*(r.channel.close() for r in self._replicas), return_exceptions=True)
+        await asyncio.gather(*(r.close() for r in self._replicas), return_exceptions=True)
         self._replicas = []
 
     async def __aenter__(self) -> MetaClient:
@@ -169,7 +217,12 @@ class MetaClient:
             replica = self._pick(now)
             replica.calls += 1
             try:
-                return await getattr(replica.stub, method)(request, timeout=timeout_s)
+                wire = await self._wire(replica) if self.transport == "auto" else None
+                if wire is None:
+                    return await getattr(replica.stub, method)(request, timeout=timeout_s)
+                data = await wire.request(method, request.SerializeToString(),
+                                          timeout_s=timeout_s or self.settings.default_deadline_s)
+                return _REPLY_TYPES[method].FromString(data)
             except Unavailable as err:
                 replica.benched_until = time.monotonic() + self.bench_s
                 attempt += 1
@@ -190,7 +243,48 @@ class MetaClient:
             return
         if addresses and addresses != self.addresses:
             dropped = self._set_addresses(addresses)
-            await asyncio.gather(*(r.channel.close() for r in dropped), return_exceptions=True)
+            await asyncio.gather(*(r.close() for r in dropped), return_exceptions=True)
+
+    async def _wire(self, replica: _Replica) -> AioConnection | None:
+        """The replica's wire connection: opened on first use after asking where it listens.
+
+        None means "call it over gRPC": it runs no wire endpoint (or predates them), or the
+        endpoint could not be reached although gRPC could (a firewall, a wildcard bind) — then
+        it is asked again after ``WIRE_RECHECK_S``.  Unavailable from the ``Endpoints`` call
+        itself is the replica being down and goes to failover like any call's.
+        """
+        conn = replica.wire
+        if conn is not None and not conn.closed:
+            return conn
+        if replica.wire_retry_at > time.monotonic():
+            return None
+        async with replica.wire_lock:  # one discovery per replica, however many callers wait
+            conn = replica.wire
+            if conn is not None and not conn.closed:
+                return conn
+            replica.wire = None
+            if replica.wire_retry_at > time.monotonic():
+                return None
+            try:
+                reply = await replica.stub.Endpoints(pb.EndpointsRequest(), timeout=self.settings.default_deadline_s)
+            except Unimplemented:
+                replica.wire_retry_at = time.monotonic() + WIRE_RECHECK_S
+                return None
+            if not reply.wire_address:
+                replica.wire_retry_at = time.monotonic() + WIRE_RECHECK_S
+                return None
+            host, port = _host_port(reply.wire_address)
+            try:
+                replica.wire = await AioConnection.connect(host, port, token=self.token or "",
+                                                           client_name="meta-client")
+            except Unauthenticated:
+                raise  # the same token would fail over gRPC too: say so
+            except FireFlyerError as e:
+                log.warning("meta.wire_unreachable", replica=replica.address, wire=reply.wire_address,
+                            error=str(e), retry_s=WIRE_RECHECK_S)
+                replica.wire_retry_at = time.monotonic() + WIRE_RECHECK_S
+                return None
+            return replica.wire
 
     # -- operations ---------------------------------------------------------------------
     async def mkdir(self, path: str, mode: int = 0o755, *, parents: bool = False,

@@ -16,6 +16,7 @@ Roles are ``user`` and ``admin``; admin implies user.  The token file that
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import hashlib
@@ -23,7 +24,7 @@ import inspect
 import os
 import secrets
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,6 +42,7 @@ __all__ = [
     "write_tokens_file",
     "current_principal",
     "current_method",
+    "acting_as",
     "require_role",
     "requires",
 ]
@@ -210,6 +212,17 @@ def requires(role: str) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+@contextlib.contextmanager
+def acting_as(principal: Principal, method: str) -> Iterator[None]:
+    """Run a block as ``principal`` calling ``method``: what the gRPC interceptor does around a
+    handler, for transports that authenticate their own way (``fireflyer.wire.aio``)."""
+    tokens = _bind(principal, method)
+    try:
+        yield
+    finally:
+        _unbind(tokens)
 
 
 def _bind(principal: Principal, method: str) -> tuple[contextvars.Token[Principal | None], contextvars.Token[str]]:

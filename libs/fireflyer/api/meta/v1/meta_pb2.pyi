@@ -347,3 +347,13 @@ class SetDirPolicyReply(_message.Message):
     INODE_FIELD_NUMBER: _ClassVar[int]
     inode: Inode
     def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ...) -> None: ...
+
+class EndpointsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EndpointsReply(_message.Message):
+    __slots__ = ("wire_address",)
+    WIRE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    wire_address: str
+    def __init__(self, wire_address: _Optional[str] = ...) -> None: ...

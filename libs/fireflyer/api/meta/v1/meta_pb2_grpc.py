@@ -119,6 +119,11 @@ class MetaServiceStub:
                 request_serializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.SetDirPolicyRequest.SerializeToString,
                 response_deserializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.SetDirPolicyReply.FromString,
                 _registered_method=True)
+        self.Endpoints = channel.unary_unary(
+                '/ff.meta.v1.MetaService/Endpoints',
+                request_serializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.EndpointsRequest.SerializeToString,
+                response_deserializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.EndpointsReply.FromString,
+                _registered_method=True)
 
 
 class MetaServiceServicer:
@@ -231,6 +236,15 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Endpoints(self, request, context):
+        """where this replica also serves every call above over the fireflyer.wire framed protocol
+        (the same request and reply messages as payloads, a fraction of gRPC's cost per call);
+        MetaClient asks once per replica and then uses it
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -318,6 +332,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.SetDirPolicy,
                     request_deserializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.SetDirPolicyRequest.FromString,
                     response_serializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.SetDirPolicyReply.SerializeToString,
+            ),
+            'Endpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.Endpoints,
+                    request_deserializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.EndpointsRequest.FromString,
+                    response_serializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.EndpointsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -779,6 +798,33 @@ class MetaService:
             '/ff.meta.v1.MetaService/SetDirPolicy',
             fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.SetDirPolicyRequest.SerializeToString,
             fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.SetDirPolicyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Endpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ff.meta.v1.MetaService/Endpoints',
+            fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.EndpointsRequest.SerializeToString,
+            fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.EndpointsReply.FromString,
             options,
             channel_credentials,
             insecure,
