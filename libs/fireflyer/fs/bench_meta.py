@@ -7,7 +7,9 @@ What is measured is what users get: the full service path.  For each backend
 bench starts ``--replicas`` meta processes (``python -m services.meta``; default 2,
 as ``deploy/local.toml`` runs them, all on one KV) on a temp state dir, exactly as
 ``ff up`` configures them (auth, span file, JSON logs, default trace sampling),
-and ``--clients`` clients (one ``MetaClient`` each, one call in flight) spread over
+and ``--clients`` clients (one ``MetaClient`` each, one call in flight; over each replica's
+wire endpoint as MetaClient does by default, or gRPC with ``--transport grpc``; ``--transport
+both`` runs the service twice, the gRPC figures under ``"grpc"``) spread over
 ``--client-procs`` processes.  The default is one process per 4 clients (2 for 8):
 a meta service's clients are FUSE daemons and training processes that each carry
 several concurrent callers, and on a small machine a process per client mostly
@@ -220,15 +222,15 @@ async def _one_client(i: int, meta: Any, op: str, count: int) -> tuple[float, fl
 
 
 def _client_proc(ids: list[int], addresses: list[str], token: str, ops: list[str], count: int, barrier: Any,
-                 results: Any) -> None:
+                 results: Any, transport: str = "auto") -> None:
     """A client process hosting clients ``ids``: each its own MetaClient (own channels), phases in
     ALL_OPS order, all processes starting each phase together."""
 
     async def run() -> dict[int, dict[str, tuple[float, float]]]:
         from fireflyer.fs import MetaClient
 
-        out: dict[int, dict[str, tuple[float, float]]] = {i: {} for i in ids}
-        metas = [await MetaClient.connect(addresses, token) for _ in ids]
+        out: dict[int, dict[str, Any]] = {i: {} for i in ids}
+        metas = [await MetaClient.connect(addresses, token, transport=transport) for _ in ids]
         try:
             for i, meta in zip(ids, metas, strict=True):
                 await meta.mkdir(f"/bench/c{i}")
@@ -245,6 +247,8 @@ def _client_proc(ids: list[int], addresses: list[str], token: str, ops: list[str
                 if timed:
                     for i, span in zip(ids, spans, strict=True):
                         out[i][op] = span
+            for i, meta in zip(ids, metas, strict=True):  # how the calls went: "wire" or "grpc"
+                out[i]["transport"] = sorted({t.split()[0] for t in meta.transports().values()})
         finally:
             for meta in metas:
                 await meta.close()
@@ -259,7 +263,7 @@ def _client_proc(ids: list[int], addresses: list[str], token: str, ops: list[str
 
 def bench_service(kv_url: str, state_dir: Path, *, clients: int, ops: Sequence[str], count: int,
                   replicas: int = DEFAULT_REPLICAS, client_procs: int | None = None,
-                  env: dict[str, str] | None = None) -> dict[str, Any]:
+                  env: dict[str, str] | None = None, transport: str = "auto") -> dict[str, Any]:
     """Start ``replicas`` meta processes on ``kv_url`` and drive them with ``clients`` clients
     spread over ``client_procs`` processes (default: :func:`default_client_procs`)."""
     from fireflyer.rpc import TokenEntry, generate_token, write_tokens_file
@@ -293,7 +297,8 @@ def bench_service(kv_url: str, state_dir: Path, *, clients: int, ops: Sequence[s
         results = ctx.Queue()
         addresses = [p.address for p in procs]
         groups = [list(range(clients))[k::nprocs] for k in range(nprocs)]
-        workers = [ctx.Process(target=_client_proc, args=(g, addresses, user, list(ops), count, barrier, results))
+        workers = [ctx.Process(target=_client_proc,
+                               args=(g, addresses, user, list(ops), count, barrier, results, transport))
                    for g in groups]
         for w in workers:
             w.start()
@@ -306,12 +311,15 @@ def bench_service(kv_url: str, state_dir: Path, *, clients: int, ops: Sequence[s
         if failed:
             raise RuntimeError(f"{len(failed)} bench clients failed; first: {failed[0]}\n{procs[0].log()[-2000:]}")
         spans: dict[str, list[tuple[float, float]]] = {op: [] for op in ops}
+        used: set[str] = set()
         for per_client, _ in got:
             for per_op in per_client.values():
+                used.update(per_op.pop("transport", ()))
                 for op, span in per_op.items():
                     spans[op].append(span)
         # on a small machine clients and servers share the cores: say who used them
-        return {"replicas": replicas, "client_processes": nprocs, "ops_per_s": _rates(spans, count),
+        return {"replicas": replicas, "client_processes": nprocs, "transport": ",".join(sorted(used)),
+                "ops_per_s": _rates(spans, count),
                 "creates_stats_per_s": _combined(spans, count),
                 "cpu_s": {"meta_servers": round(server_cpu, 2), "clients": round(clients_cpu, 2)}}
     finally:
@@ -344,17 +352,31 @@ def _drop_schema(dsn: str, schema: str) -> None:
 
 def _bench_backend(name: str, url: str, root: Path, anchor: dict[str, float], *, clients: int,
                    ops: Sequence[str], count: int, replicas: int, client_procs: int | None, direct: bool,
-                   progress: Callable[[str], None]) -> dict[str, Any]:
-    """The service figures of one backend, their ratios to the anchor, and the no-gRPC ceiling."""
-    progress(f"backend {name}: meta service")
-    try:
-        res = bench_service(url, root / name, clients=clients, ops=ops, count=count, replicas=replicas,
-                            client_procs=client_procs)
-    except Exception as e:  # a backend failing is a result, not a crash of the whole run
-        return {"error": str(e)[:2000]}
+                   progress: Callable[[str], None], transport: str = "auto") -> dict[str, Any]:
+    """The service figures of one backend, their ratios to the anchor, and the no-transport ceiling.
+
+    ``transport="both"``: the clients' default path (wire), then gRPC only on a fresh KV, the
+    gRPC figures under ``"grpc"`` (the comparison from the same run)."""
+    runs = [("auto", "")] if transport == "both" else [(transport, "")]
+    if transport == "both":
+        runs.append(("grpc", "grpc"))
+    res: dict[str, Any] = {}
+    for mode, key in runs:
+        progress(f"backend {name}: meta service, clients' transport {mode}")
+        try:
+            one = bench_service(url if not key else _fresh_url(url, name, key), root / (name + key), clients=clients,
+                                ops=ops, count=count, replicas=replicas, client_procs=client_procs, transport=mode)
+        except Exception as e:  # a backend failing is a result, not a crash of the whole run
+            one = {"error": str(e)[:2000]}
+        if key:
+            res[key] = one
+        else:
+            res = one
+        if "error" in res:
+            return res
     res["ratio_to_local_fs"] = {op: round(v / anchor[op], 4) for op, v in res["ops_per_s"].items() if anchor.get(op)}
     if direct:
-        progress(f"backend {name}: MetaStore in-process (no gRPC)")
+        progress(f"backend {name}: MetaStore in-process (no transport)")
         direct_url = url.replace("meta.db", "direct.db") if name == "sqlite" else url
         try:
             res["store_direct"] = bench_store_direct(direct_url, clients=clients, ops=ops, count=count)
@@ -363,9 +385,16 @@ def _bench_backend(name: str, url: str, root: Path, anchor: dict[str, float], *,
     return res
 
 
+def _fresh_url(url: str, name: str, key: str) -> str:
+    """A second, empty KV for a second service run of the same backend."""
+    if name == "sqlite":
+        return url.replace("meta.db", f"meta-{key}.db")
+    return url.replace("schema=", f"schema={key}_")
+
+
 def run_bench(*, clients: int = 8, ops: Sequence[str] = ("create", "stat", "rename", "readdir"), count: int = 500,
               pg_dsn: str | None = None, replicas: int = DEFAULT_REPLICAS, client_procs: int | None = None,
-              direct: bool = True,
+              direct: bool = True, transport: str = "auto",
               progress: Callable[[str], None] = lambda s: None
               ) -> dict[str, Any]:
     """Run every backend and the anchor; one dict (see the module doc)."""
@@ -383,11 +412,13 @@ def run_bench(*, clients: int = 8, ops: Sequence[str] = ("create", "stat", "rena
             try:
                 backends[name] = _bench_backend(name, url, root, anchor["ops_per_s"], clients=clients, ops=ops,
                                                 count=count, replicas=replicas, client_procs=client_procs,
-                                                direct=direct, progress=progress)
+                                                direct=direct, progress=progress, transport=transport)
             finally:
                 if name == "postgres" and pg_dsn:
                     try:
                         _drop_schema(pg_dsn, schema)
+                        if transport == "both":
+                            _drop_schema(pg_dsn, f"grpc_{schema}")
                     except Exception as e:  # noqa: BLE001 - reported, the figures stand
                         progress(f"could not drop schema {schema}: {e}")
     sqlite_cs = backends.get("sqlite", {}).get("creates_stats_per_s")
@@ -396,7 +427,8 @@ def run_bench(*, clients: int = 8, ops: Sequence[str] = ("create", "stat", "rena
         "clients": clients,
         "count_per_client": count,
         "ops": list(ops),
-        "path": "grpc MetaClient -> services.meta (processes) -> MetaStore -> KV",
+        "path": "MetaClient (wire, or gRPC) -> services.meta (processes) -> MetaStore -> KV",
+        "transport": transport,
         "replicas": replicas,
         "client_processes": min(client_procs or default_client_procs(clients), clients),
         "backends": backends,
@@ -420,7 +452,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help=f"processes the clients are spread over (default: one per {CLIENTS_PER_PROC} clients)")
     p.add_argument("--pg-dsn", default=None, help="also run on PostgreSQL (default $FF_TEST_PG_DSN if set)")
     p.add_argument("--no-direct", dest="direct", action="store_false",
-                   help="skip the in-process MetaStore run (the no-gRPC ceiling)")
+                   help="skip the in-process MetaStore run (the ceiling without any transport)")
+    p.add_argument("--transport", choices=("auto", "grpc", "both"), default="auto",
+                   help="how the clients call meta: auto (its wire endpoint, as MetaClient does by default), "
+                        "grpc, or both (auto, then gRPC in the same run for comparison)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     ns = p.parse_args(argv)
     ops = [o.strip() for o in ns.ops.split(",") if o.strip()]
@@ -431,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--clients, --count, --replicas and --client-procs must be >= 1")
     dsn = ns.pg_dsn or os.environ.get("FF_TEST_PG_DSN") or None
     result = run_bench(clients=ns.clients, ops=ops, count=ns.count, pg_dsn=dsn, replicas=ns.replicas,
-                       client_procs=ns.client_procs, direct=ns.direct,
+                       client_procs=ns.client_procs, direct=ns.direct, transport=ns.transport,
                        progress=lambda s: print(f"# {s}", file=sys.stderr))
     if ns.json:
         print(msgspec.json.encode(result).decode())
@@ -448,7 +483,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 row += f"{b['ops_per_s'][op]:>14.0f}{b['ratio_to_local_fs'].get(op, 0):>8.3f}"
         print(row)
     goal = result["goal"]
-    print(f"creates+stats/s (sqlite): {goal['measured']} vs goal {goal['target']:.0f}: {'met' if goal['met'] else 'MISSED'}")
+    print(f"creates+stats/s (sqlite): {goal['measured']} vs goal {goal['target']:.0f}: {'met' if goal['met'] else 'MISSED'}"
+          f" (transport {result['backends'].get('sqlite', {}).get('transport', '?')})")
+    for name, b in result["backends"].items():
+        if "grpc" in b and "creates_stats_per_s" in b["grpc"]:
+            print(f"{name} over gRPC in the same run: {b['grpc']['creates_stats_per_s']} creates+stats/s")
     for name, b in result["backends"].items():
         if "error" in b:
             print(f"{name}: {b['error']}")

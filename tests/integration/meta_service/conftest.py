@@ -12,12 +12,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from metasvc import Meta, Tokens, meta_env
+from metasvc import Meta, Tokens, in_process_meta, meta_env
 
-from fireflyer.core.settings import load_settings
 from fireflyer.rpc import TokenEntry, generate_token, write_tokens_file
-from fireflyer.testing.services import ServiceProcess, running_service
-from services.meta.app import MetaService, MetaSettings
+from fireflyer.testing.services import ServiceProcess
 
 
 @pytest.fixture
@@ -29,14 +27,12 @@ def tokens(tmp_path: Path) -> Tokens:
     return t
 
 
-@pytest.fixture
-async def meta(tmp_path: Path, tokens: Tokens) -> AsyncIterator[Meta]:
-    state = tmp_path / "state"
-    url = f"sqlite:///{state / 'meta.db'}"
-    settings = load_settings(MetaSettings, env={**meta_env(state, tokens, url), "FF_INSTANCE": "meta-inproc"})
-    service = MetaService(settings)
-    async with running_service(service) as ctx:
-        yield Meta(ctx.server.address, tokens, service, url)
+@pytest.fixture(params=["auto", "grpc"], ids=["wire", "grpc"])
+async def meta(request: pytest.FixtureRequest, tmp_path: Path, tokens: Tokens) -> AsyncIterator[Meta]:
+    """One in-process replica; every test using it runs once per client transport (the replica's
+    wire endpoint, and gRPC), since both must give the same results and the same errors."""
+    async with in_process_meta(tmp_path / "state", tokens, transport=request.param) as m:
+        yield m
 
 
 @pytest.fixture

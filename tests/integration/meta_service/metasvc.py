@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fireflyer.core.settings import load_settings
 from fireflyer.fs import MetaClient
+from fireflyer.testing.services import running_service
+from services.meta.app import MetaService, MetaSettings
 
 
 @dataclass(frozen=True)
@@ -23,9 +28,11 @@ class Meta:
     tokens: Tokens
     service: Any
     kv_url: str
+    #: how clients call it: "auto" (over its wire endpoint) or "grpc"
+    transport: str = "auto"
 
     async def client(self, token: str) -> MetaClient:
-        return await MetaClient.connect(self.address, token, failover_timeout_s=2.0)
+        return await MetaClient.connect(self.address, token, failover_timeout_s=2.0, transport=self.transport)
 
 
 USERS_JSON = '{"alice": {"uid": 1000, "gid": 1000, "groups": [100]}}'
@@ -35,3 +42,14 @@ def meta_env(state: Path, tokens: Tokens, kv_url: str) -> dict[str, str]:
     return {"FF_STATE_DIR": str(state), "FF_NATS_URL": "", "FF_AUTH_TOKENS_FILE": str(tokens.path),
             "FF_META_KV_URL": kv_url, "FF_META_USERS": USERS_JSON, "FF_GRACE_S": "1",
             "FF_TELEMETRY_SPAN_FILE": str(state / "spans.jsonl")}
+
+
+@contextlib.asynccontextmanager
+async def in_process_meta(state: Path, tokens: Tokens, *, transport: str = "auto",
+                          **env: str) -> AsyncIterator[Meta]:
+    """One meta replica on the test's loop (production runtime), SQLite under ``state``."""
+    url = f"sqlite:///{state / 'meta.db'}"
+    settings = load_settings(MetaSettings, env={**meta_env(state, tokens, url), "FF_INSTANCE": "meta-inproc", **env})
+    service = MetaService(settings)
+    async with running_service(service) as ctx:
+        yield Meta(ctx.server.address, tokens, service, url, transport=transport)

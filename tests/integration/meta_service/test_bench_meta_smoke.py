@@ -11,7 +11,7 @@ from fireflyer.testing.cluster import run_ff
 @pytest.mark.slow
 def test_bench_meta_prints_one_json_object() -> None:
     res = run_ff(["bench", "meta", "--clients", "2", "--count", "20", "--ops", "create,stat,rename,readdir,unlink",
-                  "--json", "--client-procs", "1"], env={"FF_TEST_PG_DSN": ""}, timeout_s=120)
+                  "--json", "--client-procs", "1", "--transport", "both"], env={"FF_TEST_PG_DSN": ""}, timeout_s=120)
     assert res.returncode == 0, res.stderr
     doc = msgspec.json.decode(res.stdout)
     sqlite = doc["backends"]["sqlite"]
@@ -25,6 +25,9 @@ def test_bench_meta_prints_one_json_object() -> None:
     # the set-up is part of the figure: two replicas (as deploy/local.toml), one client process as asked
     assert (doc["replicas"], doc["client_processes"]) == (2, 1)
     assert (sqlite["replicas"], sqlite["client_processes"]) == (2, 1)
+    # the clients used the replicas' wire endpoints, and the same run measured gRPC alone
+    assert doc["transport"] == "both" and sqlite["transport"] == "wire"
+    assert sqlite["grpc"]["transport"] == "grpc" and set(sqlite["grpc"]["ops_per_s"]) == set(ops)
 
 
 def test_default_client_processes_carry_four_clients_each() -> None:
