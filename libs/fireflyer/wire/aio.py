@@ -34,6 +34,7 @@ Payloads are read into memory: this transport is for requests of kilobytes, not 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -140,6 +141,8 @@ class _ServerProtocol(asyncio.Protocol):
         self.peer = "?"
         self.principal: Any = None
         self.tasks: set[asyncio.Task[None]] = set()
+        #: requests read while ``max_inflight`` were running: started as running ones finish
+        self.backlog: collections.deque[tuple[Request, bytes]] = collections.deque()
         self.paused = False
         self._handshake_timer: asyncio.TimerHandle | None = None
 
@@ -156,6 +159,7 @@ class _ServerProtocol(asyncio.Protocol):
         self.server._conns.discard(self)
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
+        self.backlog.clear()
         for task in self.tasks:  # nobody is left to read their answers
             task.cancel()
         log.debug("wire.conn_closed", peer=self.peer, server=self.server.name)
@@ -219,19 +223,27 @@ class _ServerProtocol(asyncio.Protocol):
         self.transport.write(_frame(Welcome(principal=str(principal), server=self.server.name)))
 
     def _start(self, header: Request, payload: bytes) -> None:
+        # one read may carry many requests: past the limit they wait here, and reading stops
+        # until the backlog drains, so a client cannot queue more than a read's worth
+        if len(self.tasks) >= self.server.max_inflight:
+            self.backlog.append((header, payload))
+            if not self.paused:
+                self.paused = True
+                assert self.transport is not None
+                self.transport.pause_reading()
+            return
         req = AioRequest(header, payload, self.principal, self.peer)
         task = asyncio.get_running_loop().create_task(self._serve(req))
         self.tasks.add(task)
         task.add_done_callback(self._done)
-        if len(self.tasks) >= self.server.max_inflight and not self.paused:
-            self.paused = True
-            assert self.transport is not None
-            self.transport.pause_reading()
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
-        if self.paused and len(self.tasks) < self.server.max_inflight and self.transport is not None \
-                and not self.transport.is_closing():
+        if self.transport is None or self.transport.is_closing():
+            return
+        while self.backlog and len(self.tasks) < self.server.max_inflight:
+            self._start(*self.backlog.popleft())
+        if self.paused and not self.backlog and len(self.tasks) < self.server.max_inflight:
             self.paused = False
             self.transport.resume_reading()
 
@@ -259,7 +271,12 @@ class _ServerProtocol(asyncio.Protocol):
             log.exception("wire.handler_failed", op=req.op, peer=self.peer)
             err = Internal(f"{self.server.name} handler for {req.op!r} failed: {type(e).__name__}: {e}", op=req.op)
             return ErrorFrame(rid=req.rid, error=err.to_dict()), b""
-        return Response(rid=req.rid), out
+        if not isinstance(out, bytes | bytearray | memoryview):  # a handler bug: answer it, do not hang the caller
+            log.error("wire.handler_bad_result", op=req.op, peer=self.peer, type=type(out).__name__)
+            err = Internal(f"{self.server.name} handler for {req.op!r} returned {type(out).__name__}, not bytes",
+                           op=req.op)
+            return ErrorFrame(rid=req.rid, error=err.to_dict()), b""
+        return Response(rid=req.rid), bytes(out)
 
 
 class AioWireServer:
@@ -291,8 +308,10 @@ class AioWireServer:
 
     @property
     def address(self) -> str:
-        """``host:port`` as clients should dial it (a wildcard bind is reachable on loopback)."""
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::", "[::]") else self.host
+        """``host:port`` as clients should dial it (a wildcard bind is reachable on loopback; an
+        IPv6 wildcard listens IPv6-only, so on ``::1``).  With ``host=""`` asyncio opens one
+        listener per address family, each on its own port when ``port`` is 0: this is the first."""
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1", "[::]": "::1"}.get(self.host, self.host)
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
         return f"{host}:{self._port}"
@@ -424,11 +443,15 @@ class AioConnection:
         try:
             if timeout_s is None:
                 return await fut
-            async with asyncio.timeout(timeout_s):
-                return await fut
-        except TimeoutError:
-            raise DeadlineExceeded(f"{op} to {self.peer} got no answer within {timeout_s}s", peer=self.peer,
-                                   op=op) from None
+            scope = asyncio.timeout(timeout_s)
+            try:
+                async with scope:
+                    return await fut
+            except TimeoutError:
+                if not scope.expired():
+                    raise  # the server's own DeadlineExceeded (a TimeoutError): keep its message and fields
+                raise DeadlineExceeded(f"{op} to {self.peer} got no answer within {timeout_s}s", peer=self.peer,
+                                       op=op) from None
         finally:
             self._pending.pop(rid, None)
 
@@ -437,6 +460,9 @@ class AioConnection:
             self._failure = err
         if self._welcome is not None and not self._welcome.done():
             self._welcome.set_exception(err)
+            # connect() may already have given up on it (refused, timed out): mark it retrieved so
+            # asyncio does not report an unretrieved exception; an awaiting connect() still gets it
+            self._welcome.exception()
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():
