@@ -8,6 +8,7 @@ Settings (``FF_META_*``, file section ``[meta]``; see :class:`MetaSection`)::
     FF_META_INLINE_READS  read-only calls on the event loop (default: on SQLite only)
     FF_META_INLINE_WRITES mutations on the event loop unless they would wait (default: on SQLite only)
     FF_META_WIRE          also serve every call over fireflyer.wire (default on; see wire.py)
+    FF_META_WIRE_HOST     its host ("" = the gRPC host); bound and advertised, so across machines a routable one
     FF_META_WIRE_PORT     its port (0 = a free one; clients learn it from the Endpoints call)
     FF_MGMTD_ADDR         mgmtd host:port; chain tables then come from its routing info
     FF_META_STATIC_CHAINS chains of the static table used without mgmtd
@@ -71,6 +72,9 @@ class MetaSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     #: serve every call over fireflyer.wire too (MetaClient prefers it: a fraction of gRPC's cost per
     #: call); the listener binds the gRPC host, on ``wire_port`` (0 = a free port)
     wire: bool = True
+    #: "" = the gRPC host; the address is bound and advertised as is (a wildcard is advertised as
+    #: loopback), so a replica serving other machines names its routable address here
+    wire_host: str = ""
     wire_port: int = 0
     #: the chain table used when no mgmtd is configured
     static_table_id: int = 1
@@ -157,7 +161,8 @@ class MetaService(Service):
             self.servicer = MetaServicer(store, **common)
         ctx.add_servicer(meta_pb2_grpc.add_MetaServiceServicer_to_server, self.servicer, SERVICE_NAME)
         if s.meta.wire:
-            self.wire = MetaWireEndpoint(self.servicer, authenticate=_authenticator(ctx), host=s.rpc.host,
+            self.wire = MetaWireEndpoint(self.servicer, authenticate=_authenticator(ctx),
+                                         host=s.meta.wire_host or s.rpc.host,
                                          port=s.meta.wire_port)
             self.servicer.wire_address = await self.wire.start()
         ctx.log.info("meta.ready", wire=self.servicer.wire_address or None, kv=getattr(self.kv, "backend", "?"), threads=threads, inline_reads=inline_reads,

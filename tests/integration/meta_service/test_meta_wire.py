@@ -108,3 +108,13 @@ async def test_replica_with_wire_off_is_called_over_grpc(tmp_path: Path, tokens:
             assert (await m.stat("/")).id == 1
             assert m.transports() == {meta.address: "grpc"}
             assert (await m._replicas[0].stub.Endpoints(pb.EndpointsRequest())).wire_address == ""
+
+
+async def test_wire_host_and_port_settings_are_bound_and_advertised(tmp_path: Path, tokens: Tokens) -> None:
+    port = _dead_port()
+    async with in_process_meta(tmp_path / "state", tokens, FF_META_WIRE_HOST="127.0.0.1",
+                               FF_META_WIRE_PORT=str(port)) as meta:
+        assert meta.service.servicer.wire_address == f"127.0.0.1:{port}"
+        async with await meta.client(tokens.admin) as m:
+            await m.stat("/")
+            assert m.transports() == {meta.address: f"wire 127.0.0.1:{port}"}
