@@ -170,8 +170,8 @@ class MetaService(Service):
                      chain_tables="mgmtd" if self.follower else "static", users=len(s.meta.users))
 
     async def stop(self) -> None:
-        if self.wire is not None:
-            await self.wire.stop()
+        if self.wire is not None:  # calls already running finish; the clients' next ones fail over
+            await self.wire.stop(grace_s=self.settings.grace_s)
         if self.servicer is not None:  # how often an inline mutation had to go to the pool
             log.info("meta.stopping", calls=self.servicer.calls, deferred_to_pool=self.servicer.deferred)
         if self.cleaner is not None:

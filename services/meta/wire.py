@@ -60,8 +60,8 @@ class MetaWireEndpoint:
         await self.server.start()
         return self.server.address
 
-    async def stop(self) -> None:
-        await self.server.stop()
+    async def stop(self, grace_s: float = 0.0) -> None:
+        await self.server.stop(grace_s=grace_s)
 
     async def handle(self, req: AioRequest) -> bytes:
         entry = self.methods.get(req.op)

@@ -331,11 +331,17 @@ class AioWireServer:
         log.info("wire.listening", server=self.name, host=self.host, port=self._port)
         return self._port
 
-    async def stop(self) -> None:
-        """Stop accepting and close every connection (their callers see Unavailable)."""
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """Stop accepting; give requests already running up to ``grace_s`` to answer; then close
+        every connection (their callers see Unavailable and, for meta, retry elsewhere)."""
         if self._server is None:
             return
         self._server.close()
+        running = [t for conn in self._conns for t in conn.tasks]
+        if running and grace_s > 0:
+            _, late = await asyncio.wait(running, timeout=grace_s)
+            if late:
+                log.warning("wire.stop_cancelled_requests", server=self.name, requests=len(late))
         for conn in list(self._conns):
             if conn.transport is not None:
                 conn.transport.close()

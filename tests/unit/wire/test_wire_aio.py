@@ -501,6 +501,36 @@ async def test_stopping_the_server_fails_outstanding_requests_with_unavailable(s
         await conn.request("after")  # fails at once: the connection is gone
 
 
+async def test_stop_with_a_grace_lets_running_requests_answer_first(serve, dial, wire_logs):
+    entered = asyncio.Event()
+
+    async def handle(req: AioRequest) -> bytes:
+        entered.set()
+        await asyncio.sleep(0.2 if req.op == "short" else 30)
+        return req.op.encode()
+
+    server = await serve(handle)
+    conn = await dial(server)
+    short = asyncio.create_task(conn.request("short", timeout_s=5))
+    async with asyncio.timeout(5):
+        await entered.wait()
+    await server.stop(grace_s=2.0)
+    assert await short == b"short"  # answered before its connection was closed
+    await wait_for(lambda: conn.closed, timeout_s=2, what="client saw the close")
+
+    # a request still running when the grace ends is cancelled, and that is logged
+    server = await serve(handle)
+    conn = await dial(server)
+    entered.clear()
+    long = asyncio.create_task(conn.request("long", timeout_s=5))
+    async with asyncio.timeout(5):
+        await entered.wait()
+    await server.stop(grace_s=0.1)
+    with pytest.raises(Unavailable):
+        await long
+    assert wire_logs("wire.stop_cancelled_requests") == [{"server": "wire-aio", "requests": 1}]
+
+
 async def test_a_request_before_hello_is_rejected_and_disconnected(serve, raw_peer, wire_logs):
     calls: list[str] = []
 
