@@ -69,8 +69,8 @@ class MetaSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     #: KV's write lock (or a retry) goes to the pool instead; None = auto: yes where the KV
     #: supports it (SQLite: the lock is local, so "would wait" is known without waiting)
     inline_writes: bool | None = None
-    #: serve every call over fireflyer.wire too (MetaClient prefers it: a fraction of gRPC's cost per
-    #: call); the listener binds the gRPC host, on ``wire_port`` (0 = a free port)
+    #: serve every call over fireflyer.wire too (MetaClient prefers it: about half gRPC's CPU per
+    #: call); the listener binds ``wire_host`` (below) on ``wire_port`` (0 = a free port)
     wire: bool = True
     #: "" = the gRPC host; the address is bound and advertised as is (a wildcard is advertised as
     #: loopback), so a replica serving other machines names its routable address here

@@ -1,4 +1,4 @@
-"""``ff.meta.v1.MetaService``: the namespace library behind gRPC.
+"""``ff.meta.v1.MetaService``: the namespace library behind gRPC (and behind the wire endpoint, wire.py).
 
 Each RPC (1) checks the request's shape (paths absolute, no NUL bytes, modes
 in range) so malformed input fails with INVALID_ARGUMENT before the store is

@@ -54,6 +54,7 @@ from fireflyer.api.meta.v1 import meta_pb2_grpc
 from fireflyer.core.config import RpcSettings
 from fireflyer.core.errors import FireFlyerError, InvalidArgument, Unauthenticated, Unavailable, Unimplemented
 from fireflyer.core.log import get_logger
+from fireflyer.core.netaddr import split_address
 from fireflyer.meta import DirEntry, Inode, LayoutPolicy, OpenResult, ReaddirPage, StatFs
 from fireflyer.rpc import connect as rpc_connect
 from fireflyer.wire.aio import AioConnection
@@ -91,11 +92,6 @@ def parse_addresses(value: str | Sequence[str] | None) -> list[str]:
         if item and item not in out:
             out.append(item)
     return out
-
-
-def _host_port(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 class _Replica:
@@ -273,7 +269,7 @@ class MetaClient:
             if not reply.wire_address:
                 replica.wire_retry_at = time.monotonic() + WIRE_RECHECK_S
                 return None
-            host, port = _host_port(reply.wire_address)
+            host, port = split_address(reply.wire_address)
             try:
                 replica.wire = await AioConnection.connect(host, port, token=self.token or "",
                                                            client_name="meta-client")

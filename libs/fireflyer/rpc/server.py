@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from fireflyer.core.config import RpcSettings
 from fireflyer.core.errors import FailedPrecondition, SettingsError, Unavailable
 from fireflyer.core.log import get_logger
+from fireflyer.core.netaddr import dial_address
 
 from .auth import TokenStore
 from .interceptors import Inflight, ServerInterceptor
@@ -147,12 +148,7 @@ class RpcServer:
     @property
     def address(self) -> str:
         """``host:port`` as clients should dial it (valid after :meth:`start`)."""
-        host = self.settings.host
-        if host in ("0.0.0.0", "::", "[::]", ""):
-            host = "127.0.0.1"  # a wildcard bind is reachable locally on loopback
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        return f"{host}:{self._port}"
+        return dial_address(self.settings.host, self._port)
 
     @property
     def inflight(self) -> int:

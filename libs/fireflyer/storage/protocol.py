@@ -78,6 +78,7 @@ import msgspec
 from fireflyer.bus import subjects
 from fireflyer.bus.events import Event
 from fireflyer.core.errors import FireFlyerError, error_from_dict
+from fireflyer.core.netaddr import split_address  # re-exported: storage callers import it from here
 
 from .chunkid import ChunkId
 from .craq import ReadReply, ReadReq, UpdateAck, UpdateReq, WriteAck, WriteReq
@@ -347,11 +348,6 @@ def wire_address(tags: tuple[str, ...] | list[str]) -> str | None:
         if t.startswith(WIRE_TAG):
             return t[len(WIRE_TAG) :]
     return None
-
-
-def split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def to_meta(msg: msgspec.Struct) -> dict[str, Any]:

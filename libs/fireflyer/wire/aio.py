@@ -51,6 +51,7 @@ from fireflyer.core.errors import (
     error_from_dict,
 )
 from fireflyer.core.log import get_logger
+from fireflyer.core.netaddr import dial_address
 from fireflyer.telemetry import extract, inject, tracer
 
 from .frame import (
@@ -311,10 +312,7 @@ class AioWireServer:
         """``host:port`` as clients should dial it (a wildcard bind is reachable on loopback; an
         IPv6 wildcard listens IPv6-only, so on ``::1``).  With ``host=""`` asyncio opens one
         listener per address family, each on its own port when ``port`` is 0: this is the first."""
-        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1", "[::]": "::1"}.get(self.host, self.host)
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        return f"{host}:{self._port}"
+        return dial_address(self.host, self._port)
 
     def connection_count(self) -> int:
         return len(self._conns)
