@@ -26,7 +26,6 @@ them stateless and interchangeable.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,6 @@ from fireflyer.core.log import get_logger
 from fireflyer.core.runtime import Service, ServiceContext
 from fireflyer.kv import KV, open_kv
 from fireflyer.meta import ChainTableSource, LayoutPolicy, MetaStore, StaticChainTables
-from fireflyer.rpc import ANONYMOUS_ADMIN, Principal
 
 from .gc import GcSettings, GcWorker, StorageCleaner, TruncatingServicer
 from .routing import RoutingFollower
@@ -161,12 +159,12 @@ class MetaService(Service):
             self.servicer = MetaServicer(store, **common)
         ctx.add_servicer(meta_pb2_grpc.add_MetaServiceServicer_to_server, self.servicer, SERVICE_NAME)
         if s.meta.wire:
-            self.wire = MetaWireEndpoint(self.servicer, authenticate=_authenticator(ctx),
+            self.wire = MetaWireEndpoint(self.servicer, authenticate=ctx.server.principal_for,
                                          host=s.meta.wire_host or s.rpc.host,
                                          port=s.meta.wire_port)
             self.servicer.wire_address = await self.wire.start()
-        ctx.log.info("meta.ready", wire=self.servicer.wire_address or None, kv=getattr(self.kv, "backend", "?"), threads=threads, inline_reads=inline_reads,
-                     inline_writes=inline_writes,
+        ctx.log.info("meta.ready", wire=self.servicer.wire_address or None, kv=getattr(self.kv, "backend", "?"),
+                     threads=threads, inline_reads=inline_reads, inline_writes=inline_writes,
                      chain_tables="mgmtd" if self.follower else "static", users=len(s.meta.users))
 
     async def stop(self) -> None:
@@ -182,15 +180,6 @@ class MetaService(Service):
             self.pool.shutdown(wait=True, cancel_futures=True)
         if self.kv is not None:
             self.kv.close()
-
-
-def _authenticator(ctx: ServiceContext) -> Callable[[str], Principal | None]:
-    """The gRPC server's token lookup, for the wire endpoint's hello."""
-    server = ctx.server
-    if not server.auth_enabled:
-        return lambda token: ANONYMOUS_ADMIN
-    assert server.tokens is not None
-    return server.tokens.lookup
 
 
 def _storage_factory(mgmtd_addr: str, token: str) -> Any:

@@ -27,7 +27,7 @@ from fireflyer.core.errors import FailedPrecondition, SettingsError, Unavailable
 from fireflyer.core.log import get_logger
 from fireflyer.core.netaddr import dial_address
 
-from .auth import TokenStore
+from .auth import ANONYMOUS_ADMIN, Principal, TokenStore
 from .interceptors import Inflight, ServerInterceptor
 from .options import common_options
 
@@ -144,6 +144,14 @@ class RpcServer:
     @property
     def port(self) -> int:
         return self._port
+
+    def principal_for(self, token: str) -> Principal | None:
+        """Who ``token`` is by this server's rules (auth off: the anonymous admin; unknown: None),
+        for a transport beside gRPC that authenticates once per connection (meta's wire endpoint)."""
+        if not self.auth_enabled:
+            return ANONYMOUS_ADMIN
+        assert self.tokens is not None  # checked in __init__
+        return self.tokens.lookup(token)
 
     @property
     def address(self) -> str:

@@ -172,3 +172,12 @@ async def test_auth_disabled_runs_as_anonymous_admin(echo, serve, monkeypatch: p
 def test_auth_enabled_without_tokens_fails_at_construction() -> None:
     with pytest.raises(SettingsError, match="no token store"):
         RpcServer(RpcSettings(), service="x", tokens=None, auth_enabled=True)
+
+
+def test_principal_for_follows_the_servers_auth_rules(tokens: TokenStore) -> None:
+    on = RpcServer(RpcSettings(), service="x", tokens=tokens)
+    assert on.principal_for(USER_TOKEN) == Principal("alice", frozenset({"user"}))
+    assert on.principal_for("not-a-token") is None
+    assert on.principal_for("") is None
+    off = RpcServer(RpcSettings(), service="x", tokens=None, auth_enabled=False)
+    assert off.principal_for("anything") == ANONYMOUS_ADMIN
