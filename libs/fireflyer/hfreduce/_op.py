@@ -9,7 +9,8 @@ under the engine lock; ownership of the caller's ``work`` buffer during the op:
   place (safe: its partial for that chunk is already in the kernel's socket buffer
   or at the parent), the root has it final after its reduce (and ``avg`` division);
 - from then on it is read-only: down writers send it to the children and
-  ``on_final`` sees it.  ``work`` goes back to the caller when ``remaining`` is 0.
+  ``on_final`` sees it.  ``work`` goes back to the caller when ``remaining`` is 0
+  (``complete``: ``on_done`` has run).
 """
 
 from __future__ import annotations
@@ -113,6 +114,12 @@ class OpState:
         # completion: every chunk final, every down send done, the up stream of each tree through
         self.remaining = sum(lay.nchunks + (lay.nchunks > 0) for lay in self.layouts) + sum(
             n * lay.nchunks for n, lay in zip(child_links_per_tree, self.layouts, strict=True))
+        #: every step ran and ``on_done`` returned (set by the thread that ran the last step)
+        self.complete = False
+        #: the op's telemetry, computed by that thread
+        self.result: OpStats | None = None
+        #: called once with the stats on that thread, before the caller wakes (may be None)
+        self.on_done: Callable[[OpStats], None] | None = None
         self.t0 = time.monotonic()
         self.started_at = time.time()
         self.up_end = [0.0, 0.0]

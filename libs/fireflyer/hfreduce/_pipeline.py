@@ -123,9 +123,7 @@ class Pipeline:
         with self._mu:
             lk.sent = c + 1
             self._progress_at = time.monotonic()
-            st.remaining -= 1
-            if st.remaining == 0:
-                self._done_cv.notify()
+        self._count_down(st)
 
     def _check_frame(self: NodeEngine, st: OpState, lk: Link, rid: int, c: int, fp: object, want_c: int,
                      plen: int, want_len: int) -> None:
@@ -156,8 +154,26 @@ class Pipeline:
     def _count_down(self: NodeEngine, st: OpState) -> None:
         with self._mu:
             st.remaining -= 1
-            if st.remaining == 0:
-                self._done_cv.notify()
+            last = st.remaining == 0
+        if last:
+            self._complete(st)
+
+    def _complete(self: NodeEngine, st: OpState) -> None:
+        """This thread ran op ``st``'s last step: report it (``on_done``), then wake the caller.
+
+        ``on_done`` runs here rather than on the caller's thread after it wakes: for a small
+        op that wake-up is a large share of the latency, and the caller's ranks can be
+        released without it.
+        """
+        st.result = st.stats([lk.peer for lk in self._links])
+        if st.on_done is not None:
+            try:
+                st.on_done(st.result)
+            except Exception:  # noqa: BLE001 - the result is final; the caller's report must not fail it
+                _log.exception("hfreduce on_done callback failed", node=self.node, seq=st.fp.seq)
+        with self._mu:
+            st.complete = True
+            self._done_cv.notify()
 
     # ------------------------------------------------------------------ threads
 

@@ -265,7 +265,8 @@ class NodeEngine(Pipeline):
 
     def allreduce(self, work: np.ndarray, op: str, fp: Fingerprint, *,
                   on_final: Callable[[int, int], None] | None = None, deadline_s: float | None = None,
-                  avg_divisor: int | None = None, fill: Callable[[int, int], None] | None = None) -> OpStats:
+                  avg_divisor: int | None = None, fill: Callable[[int, int], None] | None = None,
+                  on_done: Callable[[OpStats], None] | None = None) -> OpStats:
         """Allreduce ``work`` in place across the nodes; return this node's telemetry.
 
         ``work`` (1-D, contiguous, writable) holds this node's partial on entry and
@@ -277,7 +278,10 @@ class NodeEngine(Pipeline):
         partial into ``work[start:stop]``: the engine calls it before it first reads
         those elements, on its fill thread (each range once, chunk by chunk, the two
         trees' chunks alternating; inline ops call it once for the whole buffer on the
-        calling thread), so ``work`` may hold anything on entry.
+        calling thread), so ``work`` may hold anything on entry.  ``on_done(stats)``, if
+        given, is called once when the op has completed on this node, by the engine thread
+        that ran its last step (or the calling thread), before this call returns: the
+        worker releases its ranks from there without waiting for this thread to wake.
         ``deadline_s`` bounds the whole op, ``timeout_s`` any wait
         without progress.  Raises an :class:`HFReduceError` subclass on failure,
         after which the engine is dead.
@@ -292,11 +296,15 @@ class NodeEngine(Pipeline):
             if on_final is not None and work.size:
                 on_final(0, work.size)
             now = time.time()
-            return OpStats(seq=fp.seq, kind=fp.kind, nbytes=work.nbytes, started_at=now, finished_at=now)
+            stats = OpStats(seq=fp.seq, kind=fp.kind, nbytes=work.nbytes, started_at=now, finished_at=now)
+            if on_done is not None:
+                on_done(stats)
+            return stats
         st = OpState(self._next_k, fp, work, "sum" if op == "avg" else op, divisor if op == "avg" else 1,
                      on_final, self.chunk_bytes, len(self._links),
                      (len(self._children[0]), len(self._children[1])),
                      inline=work.nbytes <= self.inline_bytes)
+        st.on_done = on_done
         if fill is not None and st.inline:
             if work.size:
                 fill(0, work.size)
@@ -320,7 +328,7 @@ class NodeEngine(Pipeline):
                     if self._parent[t] is None:
                         for lk in self._children[t]:
                             self._down_step(st, lk, 0)
-            self._wait(st, deadline_s, lambda: st.remaining == 0)
+            self._wait(st, deadline_s, lambda: st.complete)
         except _Failed:
             raise self._reraise(fp) from None
         except HFReduceError as e:
@@ -330,7 +338,8 @@ class NodeEngine(Pipeline):
         finally:
             self._in_op = False
         self._next_k += 1
-        return st.stats([lk.peer for lk in self._links])
+        assert st.result is not None
+        return st.result
 
     def _check_call(self, work: np.ndarray, op: str, fp: Fingerprint) -> None:
         if not self._started:
@@ -394,7 +403,9 @@ class NodeEngine(Pipeline):
                 else:
                     wake = min(expiry, status_at)
                 self._done_cv.wait(max(0.001, min(wake - now, 1.0)))
-            if err is None and self._failure is not None:
+            # an op that completed here before the failure stands (its ranks may be released
+            # already); the failure reaches the next call
+            if err is None and self._failure is not None and not ready():
                 raise self._reraise(st.fp)
         if err is not None:
             self._fail(err)

@@ -34,7 +34,7 @@ from .opexec import OpPlan, _WorkBuffers, execute, wire_layout
 from .protocol import Channel, Done, Failed, Hello, Submit
 from .shm import Segment
 from .telemetry import OpRecord
-from .types import Fingerprint
+from .types import Fingerprint, OpStats
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -178,10 +178,10 @@ class NodeComm:
                     subs = dict(arrived)
                 else:
                     self.cond.notify_all()
-            if err is None:
-                if fast:
-                    self._run_fast(sub.seq, subs)
-                return
+        if err is None:
+            if fast:  # outside the lock: other ranks' submits and the releasing thread need it
+                self._run_fast(sub.seq, subs)
+            return
         conn.send(Failed(seq=sub.seq, error=err.to_dict()))
 
     def _run_fast(self, seq: int, subs: dict[int, tuple[Submit, float, float]]) -> None:
@@ -355,29 +355,35 @@ class NodeComm:
             if rec is not None:
                 rec.phase = phase
 
+        def release(stats: OpStats | None, times: dict[str, float]) -> None:
+            """The result is in every rank's buffer: tell the ranks (on the thread that finished it)."""
+            with self.cond:
+                if self.error is not None:
+                    return  # failed while running (a rank died): the ranks already have the error
+            if rec is not None:
+                rec.local_reduce_s, rec.tree_s, rec.writeback_s = (times["local_reduce_s"], times["tree_s"],
+                                                                   times["writeback_s"])
+                rec.stats = stats
+            done_rec = self.worker.ring_end(self, seq, "done")
+            for r in range(self.K):
+                self.conns[r].send(Done(seq=seq, record=done_rec))
+
         with self.worker.span(self, s0, seq) as span:
-            stats, times = execute(plan, engine=self.engine, fp=fp, deadline_s=deadline_s, scratch=self.scratch,
-                                   writer=self.writer, on_phase=on_phase)
+            _, times = execute(plan, engine=self.engine, fp=fp, deadline_s=deadline_s, scratch=self.scratch,
+                               writer=self.writer, on_phase=on_phase, on_done=release)
             if span is not None:
                 for k, v in times.items():
                     span.set_attribute(f"hfreduce.{k}", v)
         self._prev_end = time.monotonic()
+        # busy until here, not just until the ranks are released: the engine runs one op at a time
         with self.cond:
             if self.error is not None:
-                raise _Stop  # failed while running (a rank died): the ranks already have the error
-        if rec is not None:
-            rec.local_reduce_s, rec.tree_s, rec.writeback_s = (times["local_reduce_s"], times["tree_s"],
-                                                               times["writeback_s"])
-            rec.stats = stats
-        done_rec = self.worker.ring_end(self, seq, "done")
-        with self.cond:
+                raise _Stop
             self.submits.pop(seq, None)
             self.next_seq = seq + 1
             self.busy = False
             if self.submits.get(seq + 1) or self.closing:
                 self.cond.notify_all()  # the op thread waits for the next op (or to close)
-        for r in range(self.K):
-            self.conns[r].send(Done(seq=seq, record=done_rec))
 
     def _check_fingerprints(self, seq: int, subs: list[Submit]) -> None:
         def fp(s: Submit) -> str:

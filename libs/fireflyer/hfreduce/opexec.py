@@ -107,22 +107,46 @@ class _WorkBuffers:
         return out
 
 
+Done = Callable[[OpStats | None, dict[str, float]], None]
+
+
 def execute(plan: OpPlan, *, engine: Engine | None, fp: Fingerprint, deadline_s: float | None,
-            scratch: _WorkBuffers, writer: ThreadPoolExecutor,
-            on_phase: Callable[[str], None]) -> tuple[OpStats | None, dict[str, float]]:
-    """Run one op; returns the engine's stats (None on one node) and phase durations."""
+            scratch: _WorkBuffers, writer: ThreadPoolExecutor, on_phase: Callable[[str], None],
+            on_done: Done | None = None) -> tuple[OpStats | None, dict[str, float]]:
+    """Run one op; returns the engine's stats (None on one node) and phase durations.
+
+    ``on_done(stats, times)`` is called exactly once when the op succeeded and the ranks'
+    buffers hold the result, before this returns: for a small op by the engine thread
+    that completed it (so the worker can release its ranks without another thread
+    hand-off), otherwise on this thread.
+    """
     times = {"local_reduce_s": 0.0, "tree_s": 0.0, "writeback_s": 0.0}
+    fired = [False]
+
+    def done(stats: OpStats | None) -> None:
+        if not fired[0]:
+            fired[0] = True
+            if on_done is not None:
+                on_done(stats, times)
+
     if plan.kind == "barrier":
-        if engine is None:
-            return None, times
-        on_phase("tree")
-        t = time.perf_counter()
-        stats = engine.allreduce(scratch.get(_I32, 1, zero=True), "sum", fp, deadline_s=deadline_s)
-        times["tree_s"] = time.perf_counter() - t
-        return stats, times
-    if plan.kind == "broadcast":
-        return _broadcast(plan, engine, fp, deadline_s, scratch, writer, on_phase, times)
-    return _reduce(plan, engine, fp, deadline_s, scratch, writer, on_phase, times)
+        stats = None
+        if engine is not None:
+            on_phase("tree")
+            t = time.perf_counter()
+
+            def barrier_done(s: OpStats) -> None:
+                times["tree_s"] = time.perf_counter() - t
+                done(s)
+
+            stats = engine.allreduce(scratch.get(_I32, 1, zero=True), "sum", fp, deadline_s=deadline_s,
+                                     on_done=barrier_done)
+    elif plan.kind == "broadcast":
+        stats = _broadcast(plan, engine, fp, deadline_s, scratch, writer, on_phase, times, done)
+    else:
+        stats = _reduce(plan, engine, fp, deadline_s, scratch, writer, on_phase, times, done)
+    done(stats)
+    return stats, times
 
 
 def _chunks(count: int, itemsize: int, chunk_bytes: int) -> list[tuple[int, int]]:
@@ -137,11 +161,24 @@ INLINE_WRITE_BYTES = 256 << 10
 
 def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadline_s: float | None,
               write: Callable[[int, int], None] | None, writer: ThreadPoolExecutor,
-              times: dict[str, float], avg_divisor: int | None = None,
-              fill: Callable[[int, int], None] | None = None) -> OpStats:
-    """engine.allreduce with write-back of each final range on the writer thread."""
+              times: dict[str, float], done: Callable[[OpStats], None], avg_divisor: int | None = None,
+              fill: Callable[[int, int], None] | None = None,
+              local_reduce: Callable[[], float] | None = None) -> OpStats:
+    """engine.allreduce with write-back of each final range on the writer thread.
+
+    When every final range is small enough to be written on the engine thread that
+    reports it, the op is complete as soon as the engine says so: ``done`` runs there.
+    """
     futures: list[Future[None]] = []
     wb = [0.0]
+    early = write is None or work.nbytes <= INLINE_WRITE_BYTES
+
+    def engine_done(stats: OpStats) -> None:
+        times["tree_s"] = time.perf_counter() - t
+        times["writeback_s"] = wb[0]
+        if local_reduce is not None:
+            times["local_reduce_s"] = local_reduce()
+        done(stats)
 
     def timed(a: int, b: int) -> None:
         assert write is not None
@@ -159,7 +196,7 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
     try:
         kw = {"fill": fill} if fill is not None else {}
         stats = engine.allreduce(work, op, fp, on_final=None if write is None else on_final, deadline_s=deadline_s,
-                                 avg_divisor=avg_divisor, **kw)
+                                 avg_divisor=avg_divisor, on_done=engine_done if early else None, **kw)
     finally:
         # the next op reuses the buffers: no write may still be running when we return
         failures = [f.exception() for f in list(futures)]
@@ -173,7 +210,7 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
 
 def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: float | None,
             scratch: _WorkBuffers, writer: ThreadPoolExecutor, on_phase: Callable[[str], None],
-            times: dict[str, float]) -> tuple[OpStats | None, dict[str, float]]:
+            times: dict[str, float], done: Callable[[OpStats], None]) -> OpStats | None:
     engine_op, wdt, _ = wire_layout(plan.kind, plan.op, plan.dtype, plan.count)
     local_op = "sum" if plan.op == "avg" else plan.op
     views = plan.views
@@ -221,11 +258,11 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
 
         on_phase("tree")
         try:
-            stats = _run_tree(engine, work, engine_op, fp, deadline_s, write if targets else None, writer, times,
-                              avg_divisor=plan.world_size, fill=None if in_place else fill)
+            return _run_tree(engine, work, engine_op, fp, deadline_s, write if targets else None, writer, times,
+                             done, avg_divisor=plan.world_size, fill=None if in_place else fill,
+                             local_reduce=lambda: sum(spent))
         finally:
             times["local_reduce_s"] = sum(spent)
-        return stats, times
     chunks = _chunks(plan.count, wdt.itemsize, plan.chunk_bytes)
     on_phase("local_reduce")
     t0 = time.perf_counter()
@@ -241,16 +278,15 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
             write(a, b)
     times["local_reduce_s"] = time.perf_counter() - t0 - times["writeback_s"]
     if engine is None:
-        return None, times
+        return None
     on_phase("tree")
-    stats = _run_tree(engine, work, engine_op, fp, deadline_s, write, writer, times,
-                      avg_divisor=plan.world_size)
-    return stats, times
+    return _run_tree(engine, work, engine_op, fp, deadline_s, write, writer, times, done,
+                     avg_divisor=plan.world_size)
 
 
 def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: float | None,
                scratch: _WorkBuffers, writer: ThreadPoolExecutor, on_phase: Callable[[str], None],
-               times: dict[str, float]) -> tuple[OpStats | None, dict[str, float]]:
+               times: dict[str, float], done: Callable[[OpStats], None]) -> OpStats | None:
     nbytes = plan.count * plan.dtype.itemsize
     raw = [v.view(np.uint8) for v in plan.views]
     root = plan.root_local
@@ -262,7 +298,7 @@ def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s:
         for a, b in _chunks(nbytes, 1, plan.chunk_bytes):
             copy_into([r[a:b] for r in others], src[a:b])
         times["writeback_s"] = time.perf_counter() - t
-        return None, times
+        return None
     _, _, words = wire_layout("broadcast", "sum", plan.dtype, plan.count)
     work = scratch.get(_I32, words, zero=root is None)
     wbytes = work.view(np.uint8)
@@ -281,5 +317,4 @@ def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s:
         copy_into([r[lo:hi] for r in targets], wbytes[lo:hi])
 
     on_phase("tree")
-    stats = _run_tree(engine, work, "sum", fp, deadline_s, write, writer, times)
-    return stats, times
+    return _run_tree(engine, work, "sum", fp, deadline_s, write, writer, times, done)

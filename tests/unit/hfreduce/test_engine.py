@@ -7,7 +7,7 @@ import threading
 import ml_dtypes
 import numpy as np
 import pytest
-from engine_util import allreduce_all, close_all, make_engines
+from engine_util import allreduce_all, close_all, make_engines, run_all
 
 from fireflyer.core.errors import InvalidArgument
 from fireflyer.hfreduce.engine import NodeEngine
@@ -88,7 +88,6 @@ def test_large_buffer_many_chunks_and_on_final() -> None:
                 seen[i].append((a, b, arrs[i][a:b].tobytes()))
 
         res = [None] * n
-        from engine_util import run_all
         fns = [lambda i=i: engines[i].allreduce(arrs[i], "sum", Fingerprint("c", 0, "sum", "float32", count),
                                                 on_final=lambda a, b, i=i: on_final(i, a, b))
                for i in range(n)]
@@ -204,5 +203,36 @@ def test_fill_that_raises_fails_the_op_on_every_node() -> None:
         assert all(isinstance(r, BaseException) for r in res), res
         assert "fill(" in str(res[2]) and "rank buffer vanished" in str(res[2])
         assert all("node 2" in str(r) for r in res[:2]), res
+    finally:
+        close_all(engines)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("count", [7, 5000])  # one chunk (inline steps on the readers), several chunks per tree
+def test_on_done_runs_once_with_the_final_result_before_the_call_returns(n: int, count: int) -> None:
+    """The worker releases its ranks from on_done: it must see the result and the call's own stats."""
+    engines = make_engines(n)
+    try:
+        arrs = inputs(n, count, np.dtype(np.float32), seed=3)
+        ref = reference(arrs, "sum")
+        calls: list[list[tuple[object, str, bytes]]] = [[] for _ in range(n)]
+
+        def on_done(i: int, stats: OpStats) -> None:
+            calls[i].append((stats, threading.current_thread().name, arrs[i].tobytes()))
+
+        fns = [lambda i=i: (threading.current_thread().name,
+                            engines[i].allreduce(arrs[i], "sum", Fingerprint("c", 0, "sum", "float32", count),
+                                                 on_done=lambda s, i=i: on_done(i, s)))
+               for i in range(n)]
+        res = run_all(fns, 30)
+        check([r[1] for r in res], arrs, ref, "sum")
+        for i, (caller, stats) in enumerate(res):
+            assert len(calls[i]) == 1, f"node {i}: on_done ran {len(calls[i])} times"
+            got, thread, seen = calls[i][0]
+            assert got is stats, f"node {i}: on_done saw other stats than the call returned"
+            assert seen == arrs[i].tobytes(), f"node {i}: on_done ran before the result was final"
+            if count == 7 and engines[i].tree_nodes[0].parent >= 0:
+                # a small op ends on the reader that receives the final chunk: the caller is not woken first
+                assert thread != caller and thread.startswith("hfr-read"), thread
     finally:
         close_all(engines)
