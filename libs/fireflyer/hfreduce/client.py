@@ -22,9 +22,15 @@ raises :class:`PeerLost` naming the node's worker; if it hangs, the op raises
 :class:`CollectiveTimeout` ``GRACE_S`` after its deadline.  After any error the
 communicator is dead: build a new one with ``init()``.
 
-Order: a rank's ops complete in submission order; :class:`Work` results (copy-back,
-H2D) are produced by the communicator's reader thread, so ``is_completed()`` alone is
-enough to poll an async op.
+Order: a rank's ops complete in submission order.
+
+Replies.  There is no reader thread: the thread that waits reads the worker's replies
+itself (``Work.wait``, ``is_completed``, ``status``; one at a time, the others wait for
+it), so a blocking op costs one wake-up on the rank, not two (the reader's, then the
+waiter's).  :class:`Work` results (copy-back, H2D) are produced by whichever thread
+reads the reply; ``is_completed()`` reads what has arrived without blocking, so it
+alone is enough to poll an async op.  Every submit also drains the replies that have
+arrived, so a rank that only submits never lets them pile up in the socket.
 """
 
 from __future__ import annotations
@@ -66,6 +72,10 @@ __all__ = ["init", "Communicator", "Work", "CommStatus", "GRACE_S", "torch_to_nu
 
 #: how long after an op's deadline a rank gives up on a worker that says nothing
 GRACE_S = 1.5
+#: a waiter re-checks deadlines (and whether it may read) at least this often
+_STEP_S = 0.05
+#: a waiter whose replies another thread is reading looks again this often
+_NUDGE_S = 0.002
 
 
 class CommStatus(msgspec.Struct):
@@ -130,6 +140,8 @@ class Work:
         self._event.set()
 
     def is_completed(self) -> bool:
+        if not self._event.is_set():
+            self.comm._progress(0.0, self._event.is_set)
         return self._event.is_set()
 
     def exception(self) -> BaseException | None:
@@ -138,7 +150,11 @@ class Work:
     def wait(self, timeout: float | None = None) -> Any:
         """Block until done (or ``timeout`` s: TimeoutError, the op stays pending); raise its error."""
         end = None if timeout is None else time.monotonic() + timeout
-        while not self._event.wait(0.05):
+        while not self._event.is_set():
+            self.comm._progress(_STEP_S if end is None else min(_STEP_S, end - time.monotonic()),
+                                self._event.is_set)
+            if self._event.is_set():
+                break
             now = time.monotonic()
             if self.comm._head() is self and now > self.head_since + self._timeout_s + GRACE_S:
                 self.comm._worker_silent(self)
@@ -188,8 +204,9 @@ class Communicator:
         self.socket_path, self.job_id, self.name = socket, job_id, name
         self._lock = threading.RLock()
         self._ctl = threading.Lock()
-        self._ctl_cv = threading.Condition()
         self._ctl_replies: list[Any] = []
+        #: held by the one thread reading the worker's replies (see the module docs)
+        self._rx = threading.Lock()
         self._pending: dict[int, Work] = {}
         self._seq = 0
         self._segments: dict[int, Segment] = {}
@@ -218,8 +235,6 @@ class Communicator:
         self.timeout_s = reply.timeout_s
         self.chunk_bytes = reply.chunk_bytes
         self.worker_pid = reply.worker_pid
-        self._reader = threading.Thread(target=self._read_loop, name=f"hfr-client-{name}", daemon=True)
-        self._reader.start()
 
     # -- public API -------------------------------------------------------------------------------
 
@@ -276,7 +291,6 @@ class Communicator:
         except OSError:
             pass
         self._chan.close()
-        self._reader.join(5.0)
         self._fail_all(HFReduceError(f"communicator {self.name!r} was closed", rank=self.rank))
         with self._lock:
             segs = list(self._segments.values())
@@ -332,8 +346,11 @@ class Communicator:
                 self._chan.send(Submit(seq=seq, kind=kind, op=op, dtype=dtype, count=count, seg=seg_id,
                                        offset=offset, root=root, timeout_s=timeout))
             except OSError:
-                pass  # the reader sees the EOF and fails the op naming the worker
-        return work if async_op else work.wait()
+                pass  # whoever reads next sees the EOF and fails the op naming the worker
+        if async_op:
+            self._progress(0.0, lambda: False)  # drain replies that arrived (see the module docs)
+            return work
+        return work.wait()
 
     def _prepare(self, kind: str, x: Any, root: int) -> tuple[int, int, int, str, Any, Any]:
         """Where the worker finds x: (seg, offset, count, dtype, finish, release)."""
@@ -437,59 +454,72 @@ class Communicator:
                 raise self._broken
             self._chan.send(msg)
             end = time.monotonic() + timeout_s
-            with self._ctl_cv:
-                while not self._ctl_replies:
-                    if self._broken is not None:
-                        raise self._broken
-                    left = end - time.monotonic()
-                    if left <= 0:
-                        raise CollectiveTimeout(f"the HFReduce worker of node {self.node_rank} did not answer "
-                                                f"{type(msg).__name__} within {timeout_s:g} s", node=self.node_rank,
-                                                peer="worker", phase="control")
-                    self._ctl_cv.wait(left)
-                reply = self._ctl_replies.pop(0)
+            while not self._ctl_replies:
+                if self._broken is not None:
+                    raise self._broken
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise CollectiveTimeout(f"the HFReduce worker of node {self.node_rank} did not answer "
+                                            f"{type(msg).__name__} within {timeout_s:g} s", node=self.node_rank,
+                                            peer="worker", phase="control")
+                self._progress(min(_STEP_S, left), lambda: bool(self._ctl_replies) or self._broken is not None)
+            reply = self._ctl_replies.pop(0)
         if isinstance(reply, Failed):
             raise error_from_dict(reply.error)
         return reply
 
-    def _read_loop(self) -> None:
-        while True:
-            try:
-                msg = self._chan.recv()
-            except FireFlyerError as e:
-                self._break(e)
+    def _progress(self, wait_s: float, done: Callable[[], bool]) -> None:
+        """Read and dispatch the worker's replies until ``done()`` or ``wait_s`` has passed.
+
+        One thread reads at a time; a thread that finds another reading sleeps briefly
+        instead (the reader dispatches its reply too).  ``wait_s`` 0: only what has arrived.
+        """
+        if not self._rx.acquire(blocking=False):
+            if wait_s > 0:
+                time.sleep(min(wait_s, _NUDGE_S))
+            return
+        try:
+            end = time.monotonic() + wait_s
+            while not done() and self._broken is None:
+                if not self._chan.readable(max(0.0, end - time.monotonic())):
+                    return
+                try:
+                    msg = self._chan.recv()
+                except FireFlyerError as e:
+                    self._break(e)
+                    return
+                if msg is None:
+                    if not self._closed:
+                        self._break(PeerLost(
+                            f"the HFReduce worker of node {self.node_rank} (pid {self.worker_pid}, "
+                            f"{self.socket_path}) closed the connection of rank {self.rank}: the worker died or "
+                            f"was stopped", node=self.node_rank, peer="worker", phase="control"))
+                    return
+                self._dispatch(msg)
+        finally:
+            self._rx.release()
+
+    def _dispatch(self, msg: Any) -> None:
+        if isinstance(msg, Done | Failed) and msg.seq >= 0:
+            with self._lock:
+                work = self._pending.pop(msg.seq, None)
+                if self._pending:
+                    self._pending[min(self._pending)].head_since = time.monotonic()
+            if work is None:
                 return
-            if msg is None:
-                if not self._closed:
-                    self._break(PeerLost(
-                        f"the HFReduce worker of node {self.node_rank} (pid {self.worker_pid}, {self.socket_path}) "
-                        f"closed the connection of rank {self.rank}: the worker died or was stopped",
-                        node=self.node_rank, peer="worker", phase="control"))
-                return
-            if isinstance(msg, Done | Failed) and msg.seq >= 0:
-                with self._lock:
-                    work = self._pending.pop(msg.seq, None)
-                    if self._pending:
-                        self._pending[min(self._pending)].head_since = time.monotonic()
-                if work is None:
-                    continue
-                if isinstance(msg, Failed):
-                    err = error_from_dict(msg.error)
-                    self._broken = self._broken or err
-                    work._resolve(None, err)
-                else:
-                    work._resolve(msg.record, None)
+            if isinstance(msg, Failed):
+                err = error_from_dict(msg.error)
+                self._broken = self._broken or err
+                work._resolve(None, err)
             else:
-                with self._ctl_cv:
-                    self._ctl_replies.append(msg)
-                    self._ctl_cv.notify_all()
+                work._resolve(msg.record, None)
+        else:
+            self._ctl_replies.append(msg)
 
     def _break(self, err: FireFlyerError) -> None:
         with self._lock:
             if self._broken is None:
                 self._broken = err
-        with self._ctl_cv:
-            self._ctl_cv.notify_all()
         self._fail_all(err)
 
     def _fail_all(self, err: FireFlyerError) -> None:

@@ -26,6 +26,7 @@ same typed :class:`~fireflyer.hfreduce.errors.HFReduceError` the worker saw.
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import threading
@@ -186,6 +187,7 @@ class Channel:
         self._buf = bytearray(_READ_BYTES)
         self._view = memoryview(self._buf)
         self._pos = self._end = 0
+        self._poll: select.poll | None = None
 
     def send(self, msg: _Msg) -> None:
         data = encode(msg)
@@ -210,6 +212,26 @@ class Channel:
                 return False
             self._end += k
         return True
+
+    def buffered(self) -> bool:
+        """A whole message is already read from the socket (``recv`` returns it without a system call)."""
+        have = self._end - self._pos
+        if have < _LEN.size:
+            return False
+        (n,) = _LEN.unpack_from(self._buf, self._pos)
+        return have >= _LEN.size + n
+
+    def readable(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a message (or EOF) to start arriving; True if ``recv`` won't idle."""
+        if self.buffered():
+            return True
+        if self._poll is None:
+            self._poll = select.poll()
+            self._poll.register(self.sock, select.POLLIN | select.POLLERR | select.POLLHUP)
+        try:
+            return bool(self._poll.poll(max(0, int(timeout_s * 1000))))
+        except (OSError, ValueError):
+            return True  # closed under us: recv reports the EOF
 
     def recv(self) -> Message | None:
         """The next message, or None on EOF.  One thread at a time.

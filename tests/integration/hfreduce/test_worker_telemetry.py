@@ -133,3 +133,29 @@ def test_small_ops_run_on_the_last_ranks_thread_and_large_ones_on_the_op_thread(
             c.close()
     finally:
         w.stop()
+
+
+def test_ranks_read_their_replies_on_the_waiting_thread_and_polling_alone_completes_ops() -> None:
+    """No reader thread per communicator: wait() reads the Done itself, is_completed() polls, and
+    a rank that only submits async ops drains the replies as it goes."""
+    sock = tempfile.mktemp(prefix="hfr", suffix=".sock", dir="/tmp")
+    w = Worker(node_rank=0, nnodes=1, local_world_size=1, socket_path=sock, settings=WorkerSettings())
+    w.start()
+    try:
+        before = {t.ident for t in threading.enumerate()}
+        (c,) = _ranks(sock, "no-reader", k=1)
+        # (the worker runs in this process too: its threads are named hfr-rank / hfr-comm)
+        assert not [t.name for t in threading.enumerate() if t.ident not in before
+                    and not t.name.startswith(("hfr-rank", "hfr-comm"))]
+        x = c.zeros(4, np.float32)
+        x[:] = 3
+        work = c.allreduce(x, async_op=True)
+        wait_until(work.is_completed, timeout_s=10, what="an async op completed by polling alone")
+        assert work.wait(0) is x and np.all(x == 3) and work.record is not None
+        works = [c.allreduce(np.full(3, float(i), np.float32), async_op=True) for i in range(2000)]
+        assert sum(wk.is_completed() for wk in works[:1000]) > 0, "submits drain the replies that arrived"
+        assert all(np.all(wk.wait(10) == i) for i, wk in enumerate(works))
+        assert c.status().pending == []
+        c.close()
+    finally:
+        w.stop()
