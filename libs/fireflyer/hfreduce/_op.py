@@ -78,7 +78,7 @@ class OpState:
 
     def __init__(self, k: int, fp: Fingerprint, work: np.ndarray, redop: str, avg_divisor: int,
                  on_final: Callable[[int, int], None] | None, chunk_bytes: int, nlinks: int,
-                 child_links_per_tree: tuple[int, int], *, inline: bool = False) -> None:
+                 child_links_per_tree: tuple[int, int], *, inline: bool = False, exchange: bool = False) -> None:
         self.k = k
         self.fp = fp
         self.wire_fp = fp_wire(fp)
@@ -110,10 +110,17 @@ class OpState:
         self.inline = inline
         #: inline up step of tree t taken by some thread
         self.claimed = [False, False]
+        #: two nodes, small op: the root sends its partial down (``xsent``) instead of the final
+        #: chunk, and the child reduces it with its own (step taken once: ``xclaimed``)
+        self.exchange = inline and exchange
+        self.xsent = False
+        self.xclaimed = False
         self.status_sent = False
         # completion: every chunk final, every down send done, the up stream of each tree through
         self.remaining = sum(lay.nchunks + (lay.nchunks > 0) for lay in self.layouts) + sum(
             n * lay.nchunks for n, lay in zip(child_links_per_tree, self.layouts, strict=True))
+        if self.exchange:  # our up step (sent, or reduced at the root) and the final chunk; no down send
+            self.remaining = 2
         #: every step ran and ``on_done`` returned (set by the thread that ran the last step)
         self.complete = False
         #: the op's telemetry, computed by that thread

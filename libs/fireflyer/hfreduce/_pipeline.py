@@ -18,6 +18,13 @@ completes its inputs: the caller (on posting: leaves send at once) or the reader
 that received the last child chunk (reduce, send up / down) or the final chunk
 (forward to the children).  That saves the hand-offs to the up and down threads,
 which are most of the latency of a small allreduce.
+
+With two nodes a small op is an *exchange* (:meth:`_exchange_post`): the child sends
+its partial up as usual, the root sends its own partial down (``hfr.xchg``) at the
+same time, and each reduces the two in the same order (root's first), so both get
+the same bits after one hop instead of two.  The child receives the root's partial
+into a ring on its parent link, like up chunks, since it may arrive before the
+child's own call.
 """
 
 from __future__ import annotations
@@ -38,11 +45,11 @@ from fireflyer.wire.frame import Request
 if TYPE_CHECKING:
     from fireflyer.hfreduce.engine import NodeEngine
 
-__all__ = ["Pipeline", "UP", "DOWN", "WAIT", "ABORT"]
+__all__ = ["Pipeline", "UP", "DOWN", "WAIT", "ABORT", "XCHG"]
 
 _log = get_logger("fireflyer.hfreduce.engine")
 
-UP, DOWN, WAIT, ABORT = "hfr.up", "hfr.down", "hfr.wait", "hfr.abort"
+UP, DOWN, WAIT, ABORT, XCHG = "hfr.up", "hfr.down", "hfr.wait", "hfr.abort", "hfr.xchg"
 
 
 class _Failed(Exception):
@@ -110,20 +117,81 @@ class Pipeline:
 
     def _down_step(self: NodeEngine, st: OpState, lk: Link, c: int) -> None:
         """Send final chunk ``c`` of ``lk``'s tree to child ``lk``."""
+        self._send_chunk(st, lk, DOWN, c)
+        with self._mu:
+            lk.sent = c + 1
+            self._progress_at = time.monotonic()
+        self._count_down(st)
+
+    def _send_chunk(self: NodeEngine, st: OpState, lk: Link, op: str, c: int) -> None:
+        """Send chunk ``c`` of ``lk``'s tree from ``work`` to child ``lk`` as an ``op`` frame."""
         x, y = st.nbytes(*st.layouts[lk.tree].chunk(c))
         meta = {"c": c, "fp": st.wire_fp} if c == 0 else {"c": c}
         try:
-            dt = lk.send(Request(rid=st.k, op=DOWN, meta=meta), st.wbytes[x:y])
+            dt = lk.send(Request(rid=st.k, op=op, meta=meta), st.wbytes[x:y])
         except (OSError, FireFlyerError) as e:
             self._link_failed(lk, e)
             raise _Failed() from None
         i = self._links.index(lk)
         st.sent_b[i] += y - x
         st.io_s[i] += dt
+
+    # ------------------------------------------------------------------ two-node exchange
+
+    def _exchange_post(self: NodeEngine, st: OpState) -> None:
+        """Start a small two-node op on the calling thread (see the module docstring)."""
+        if self._parent[0] is None:
+            # the root: our partial goes to the child before the up step reduces over it
+            self._send_chunk(st, self._children[0][0], XCHG, 0)
+            with self._mu:
+                st.xsent = True
+                mine = self._claim_up(st, 0)
+            if mine:  # the child's partial is here already: reduce and finalise it now
+                self._up_step(st, 0, 0)
+            return
         with self._mu:
-            lk.sent = c + 1
-            self._progress_at = time.monotonic()
-        self._count_down(st)
+            mine = self._claim_up(st, 0)
+        if mine:
+            self._up_step(st, 0, 0)  # our partial to the root
+        with self._mu:
+            mine = self._claim_xchg(st)
+        if mine:
+            self._xchg_step(st)
+
+    def _claim_xchg(self: NodeEngine, st: OpState) -> bool:
+        """Under the lock: may this thread reduce the root's partial (child of an exchange) now?
+
+        Only once our own partial is sent (the step overwrites it) and the root's has arrived.
+        """
+        parent = self._parent[0]
+        if not st.exchange or st.xclaimed or self._op is not st or parent is None:
+            return False
+        if st.up_done[0] < 1 or parent.arrived <= parent.consumed:
+            return False
+        st.xclaimed = True
+        return True
+
+    def _xchg_step(self: NodeEngine, st: OpState) -> None:
+        """Child of an exchange: final = reduce(root's partial, ours), in the root's order."""
+        parent = self._parent[0]
+        assert parent is not None
+        a, b = st.layouts[0].chunk(0)
+        with self._mu:
+            rid, cc, plen, fp, dt = parent.meta[parent.consumed % self._ring]
+        self._check_frame(st, parent, rid, cc, fp, 0, plen, (b - a) * st.isz)
+        i = self._links.index(parent)
+        st.recv_b[i] += plen
+        st.io_s[i] += dt
+        if b > a:
+            theirs = np.frombuffer(parent.slots[parent.consumed % self._ring], dtype=st.work.dtype, count=b - a)
+            kernels.reduce_into(st.work[a:b], [theirs, st.work[a:b]], st.redop, threads=1)
+        with self._mu:
+            parent.consumed += 1
+            parent.cv.notify()  # type: ignore[union-attr]
+        if st.avg_divisor != 1:
+            divide_inplace(st.work[a:b], st.avg_divisor)
+        st.down_end[0] = time.monotonic()
+        self._finalize(st, 0, 0, a, b)
 
     def _check_frame(self: NodeEngine, st: OpState, lk: Link, rid: int, c: int, fp: object, want_c: int,
                      plen: int, want_len: int) -> None:
@@ -277,6 +345,8 @@ class Pipeline:
         """
         if not st.inline or st.claimed[t] or self._op is not st or not st.layouts[t].nchunks:
             return False
+        if st.exchange and self._parent[t] is None and not st.xsent:
+            return False  # the root's partial is not on its way to the child yet
         if any(lk.arrived <= lk.consumed for lk in self._children[t]):
             return False
         st.claimed[t] = True
@@ -286,7 +356,7 @@ class Pipeline:
         """Run a claimed inline up step (and, at the root, the down sends) on this thread."""
         try:
             self._up_step(st, t, 0)
-            if self._parent[t] is None:
+            if self._parent[t] is None and not st.exchange:
                 for lk in self._children[t]:
                     self._down_step(st, lk, 0)
         except _Failed:
@@ -317,6 +387,8 @@ class Pipeline:
                 try:
                     if hdr.op == UP and lk.role == CHILD:
                         self._recv_up(lk, hdr, plen)
+                    elif hdr.op == XCHG and lk.role == PARENT and lk.slots:
+                        self._recv_xchg(lk, hdr, plen)
                     elif hdr.op == DOWN and lk.role == PARENT:
                         self._recv_down(lk, hdr, plen)
                     else:
@@ -337,6 +409,31 @@ class Pipeline:
         Needs no op: the ring is a stream over all ops, so a child that is ahead of
         us (or a peer of a node that never calls) is received without waiting.
         """
+        st = self._recv_slot(lk, hdr, plen)
+        with self._mu:
+            claimed = st is not None and self._claim_up(st, lk.tree)
+            if not claimed:
+                self._up_cv[lk.tree].notify()
+        if claimed:
+            assert st is not None
+            self._inline_up(st, lk.tree)  # small op: reduce and send on, no hand-off to another thread
+
+    def _recv_xchg(self: NodeEngine, lk: Link, hdr: Request, plen: int) -> None:
+        """The root's partial of a two-node exchange: into the parent link's ring, reduced here if we may."""
+        st = self._recv_slot(lk, hdr, plen)
+        with self._mu:
+            claimed = st is not None and self._claim_xchg(st)
+        if claimed:
+            assert st is not None
+            try:
+                self._xchg_step(st)
+            except _Failed:
+                pass
+            except HFReduceError as e:  # the frame is consumed: fail here, never discard its bytes again
+                self._fail(e)
+
+    def _recv_slot(self: NodeEngine, lk: Link, hdr: Request, plen: int) -> OpState | None:
+        """Receive a frame into ``lk``'s next ring slot (waiting while the ring is full); the current op."""
         with self._mu:
             i = lk.arrived
             while self._failure is None and i - lk.consumed >= self._ring:
@@ -356,13 +453,7 @@ class Pipeline:
             lk.meta[i % self._ring] = (hdr.rid, meta.get("c", -1), plen, meta.get("fp"), dt)
             lk.arrived = i + 1
             self._progress_at = time.monotonic()
-            st = self._op
-            claimed = st is not None and self._claim_up(st, lk.tree)
-            if not claimed:
-                self._up_cv[lk.tree].notify()
-        if claimed:
-            assert st is not None
-            self._inline_up(st, lk.tree)  # small op: reduce and send on, no hand-off to another thread
+            return self._op
 
     def _recv_down(self: NodeEngine, lk: Link, hdr: Request, plen: int) -> None:
         """A final chunk from the parent: straight into ``work``, then ``on_final`` and the children."""

@@ -125,7 +125,10 @@ class NodeEngine(Pipeline):
         self.grace_s = grace_s
         #: ops up to this size go on tree 0 in one chunk, without the pipeline threads
         self.inline_bytes = min(inline_bytes, chunk_bytes)
-        self._layout_key = f"{chunk_bytes}-{self.inline_bytes}"
+        #: two nodes: a small op is one exchange (each node sends its partial to the other and
+        #: both reduce them in the same order), one hop instead of up then down
+        self.exchange = n == 2
+        self._layout_key = f"{chunk_bytes}-{self.inline_bytes}{'-x' if self.exchange else ''}"
         self._ring = ring
         self._sock_buf = sock_buf_bytes
         self._listen = listen
@@ -220,7 +223,12 @@ class NodeEngine(Pipeline):
                 listener.close()
         for t, nd in enumerate(self.tree_nodes):
             if nd.parent >= 0:
-                self._add_link(Link(nd.parent, t, PARENT, self.addresses[nd.parent], dialed[t]))
+                link = Link(nd.parent, t, PARENT, self.addresses[nd.parent], dialed[t])
+                if self.exchange and t == 0:  # the parent's partials of small ops arrive ahead of our call
+                    link.cv = threading.Condition(self._mu)
+                    link.slots = [memoryview(np.empty(self.inline_bytes, dtype=np.uint8)) for _ in range(self._ring)]
+                    link.meta = [(-1, -1, 0, None, 0.0)] * self._ring
+                self._add_link(link)
             for c in nd.children:
                 link = Link(c, t, CHILD, self.addresses[c], got[(c, t)], cv=threading.Condition(self._mu))
                 bufs = [np.empty(self.chunk_bytes, dtype=np.uint8) for _ in range(self._ring)]
@@ -303,7 +311,7 @@ class NodeEngine(Pipeline):
         st = OpState(self._next_k, fp, work, "sum" if op == "avg" else op, divisor if op == "avg" else 1,
                      on_final, self.chunk_bytes, len(self._links),
                      (len(self._children[0]), len(self._children[1])),
-                     inline=work.nbytes <= self.inline_bytes)
+                     inline=work.nbytes <= self.inline_bytes, exchange=self.exchange)
         st.on_done = on_done
         if fill is not None and st.inline:
             if work.size:
@@ -318,11 +326,13 @@ class NodeEngine(Pipeline):
             self._in_op = True
             self._progress_at = st.t0
             if st.inline:
-                mine = [t for t in (0, 1) if self._claim_up(st, t)]
+                mine = [] if st.exchange else [t for t in (0, 1) if self._claim_up(st, t)]
             else:
                 self._post_cv.notify_all()
         try:
-            if st.inline:
+            if st.exchange:
+                self._exchange_post(st)
+            elif st.inline:
                 for t in mine:
                     self._up_step(st, t, 0)
                     if self._parent[t] is None:

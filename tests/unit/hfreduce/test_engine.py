@@ -231,8 +231,56 @@ def test_on_done_runs_once_with_the_final_result_before_the_call_returns(n: int,
             got, thread, seen = calls[i][0]
             assert got is stats, f"node {i}: on_done saw other stats than the call returned"
             assert seen == arrs[i].tobytes(), f"node {i}: on_done ran before the result was final"
-            if count == 7 and engines[i].tree_nodes[0].parent >= 0:
+            if count == 7 and n > 2 and engines[i].tree_nodes[0].parent >= 0:
                 # a small op ends on the reader that receives the final chunk: the caller is not woken first
+                # (with two nodes it ends on whichever thread has both partials: see the exchange test)
                 assert thread != caller and thread.startswith("hfr-read"), thread
+    finally:
+        close_all(engines)
+
+
+def test_two_nodes_exchange_small_ops_in_one_hop_with_identical_bits() -> None:
+    """Two nodes: a small op sends each partial once (no down pass), both nodes reduce them in the
+    root's order (NaN payloads and signed zeros agree), whoever calls first, op after op."""
+    import time as _time
+
+    engines = make_engines(2)
+    root = engines[0].roots[0]
+    child = 1 - root
+    sent: list[tuple[int, str]] = []
+    for i, eng in enumerate(engines):
+        for lk in eng._links:
+            def spy(hdr, payload=None, _send=lk.send, i=i):  # type: ignore[no-untyped-def]
+                sent.append((i, hdr.op))
+                return _send(hdr, payload)
+            lk.send = spy  # type: ignore[method-assign]
+    try:
+        assert engines[0].exchange and engines[1].exchange
+        rng = np.random.default_rng(5)
+        for k in range(12):
+            count = (0, 1, 5, 1024)[k % 4]  # 1024 float32 = the inline bound at 4 KiB chunks
+            op = ("sum", "avg", "max", "min")[k % 4]
+            arrs = [rng.standard_normal(count).astype(np.float32) for _ in range(2)]
+            if count >= 5:  # two different NaN payloads and a -0.0 against +0.0
+                arrs[0][:3] = np.array([0x7FC00001, 0x7FC00002, 0x80000000], np.uint32).view(np.float32)
+                arrs[1][:3] = np.array([0x7FC00003, 0x3F800000, 0x00000000], np.uint32).view(np.float32)
+            late = (child, root)[k % 2]  # the root's partial may reach the child before the child calls
+
+            def call(i: int, arrs: list[np.ndarray], fp: Fingerprint, late: int) -> OpStats:
+                if i == late:
+                    _time.sleep(0.05)
+                return engines[i].allreduce(arrs[i], fp.op, fp)
+
+            fp = Fingerprint("c", k, op, "float32", count)
+            res = run_all([lambda i=i, a=arrs, fp=fp, late=late: call(i, a, fp, late) for i in range(2)], 30)
+            assert not [r for r in res if isinstance(r, BaseException)], res
+            assert arrs[0].tobytes() == arrs[1].tobytes(), f"op {k} ({op}, {count} el): nodes disagree bitwise"
+            for i, st in enumerate(res):
+                (peer,) = st.peers.values()
+                # one frame each way carrying one partial: nothing is sent twice
+                assert peer.bytes_sent == peer.bytes_received == count * 4, (i, peer)
+        data = [(i, op) for i, op in sent if op != "hfr.wait"]
+        assert sorted(set(data)) == sorted({(root, "hfr.xchg"), (child, "hfr.up")}), set(data)
+        assert len(data) == 24
     finally:
         close_all(engines)

@@ -21,8 +21,9 @@ from fireflyer.hfreduce.types import Fingerprint
 
 @pytest.mark.parametrize("count", [1000, 20000])  # one chunk per tree (inline path), many chunks
 @pytest.mark.parametrize("what", ["count", "dtype", "seq", "op"])
-def test_fingerprint_mismatch_fails_every_node(what: str, count: int) -> None:
-    n, bad = 4, 2
+@pytest.mark.parametrize("n", [4, 2])  # two nodes: small ops are an exchange, checked on both sides
+def test_fingerprint_mismatch_fails_every_node(what: str, count: int, n: int) -> None:
+    bad = n // 2
     engines = make_engines(n)
     try:
         arrs: list[np.ndarray] = [np.ones(count, dtype=np.float32) for _ in range(n)]
