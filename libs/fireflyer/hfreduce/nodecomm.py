@@ -170,8 +170,7 @@ class NodeComm:
                 rec.arrivals[lr] = now_wall
                 arrived = self.submits[sub.seq]
                 rec.missing = [r for r in range(self.K) if r not in arrived]
-                fast = (len(arrived) == self.K and sub.seq == self.next_seq and self.ready and not self.busy
-                        and not self.closing and _nbytes(sub) <= FAST_OP_BYTES)
+                fast = self._may_run_fast(sub.seq, arrived)
                 if fast:
                     self.busy = True
                     self.fast_ops += 1
@@ -185,10 +184,15 @@ class NodeComm:
         conn.send(Failed(seq=sub.seq, error=err.to_dict()))
 
     def _run_fast(self, seq: int, subs: dict[int, tuple[Submit, float, float]]) -> None:
-        """Run small op ``seq`` on this rank's thread (claimed with ``busy`` by submit)."""
+        """Run small op ``seq`` on this rank's thread (claimed with ``busy`` by submit), and the
+        small ops whose last submit arrived meanwhile (the ranks are released before ``busy``
+        clears, so their next submits often do)."""
         try:
             with self._failing_on_error():
-                self._run_op(seq, subs)
+                nxt: tuple[int, dict[int, tuple[Submit, float, float]]] | None = (seq, subs)
+                while nxt is not None:
+                    seq = nxt[0]
+                    nxt = self._run_op(*nxt, chain=True)
         finally:
             with self.cond:
                 if self.busy and self.next_seq <= seq:  # failed before _run_op released it
@@ -321,7 +325,9 @@ class NodeComm:
 
     _prev_end = 0.0
 
-    def _run_op(self, seq: int, subs: dict[int, tuple[Submit, float, float]]) -> None:
+    def _run_op(self, seq: int, subs: dict[int, tuple[Submit, float, float]], *,
+                chain: bool = False) -> tuple[int, dict[int, tuple[Submit, float, float]]] | None:
+        """Run op ``seq``; with ``chain``, claim and return the next op if it may run on this thread."""
         ordered = [subs[r][0] for r in range(self.K)]
         self._check_fingerprints(seq, ordered)
         s0 = ordered[0]
@@ -360,6 +366,9 @@ class NodeComm:
             with self.cond:
                 if self.error is not None:
                     return  # failed while running (a rank died): the ranks already have the error
+                # no longer pending: a rank that closes as soon as it is released must not look like
+                # it left in the middle of this op (leave() fails the communicator for that)
+                self.submits.pop(seq, None)
             if rec is not None:
                 rec.local_reduce_s, rec.tree_s, rec.writeback_s = (times["local_reduce_s"], times["tree_s"],
                                                                    times["writeback_s"])
@@ -382,8 +391,19 @@ class NodeComm:
             self.submits.pop(seq, None)
             self.next_seq = seq + 1
             self.busy = False
-            if self.submits.get(seq + 1) or self.closing:
+            nxt = self.submits.get(seq + 1)
+            if chain and nxt and self._may_run_fast(seq + 1, nxt):
+                self.busy = True
+                self.fast_ops += 1
+                return seq + 1, dict(nxt)
+            if nxt or self.closing:
                 self.cond.notify_all()  # the op thread waits for the next op (or to close)
+        return None
+
+    def _may_run_fast(self, seq: int, arrived: dict[int, tuple[Submit, float, float]]) -> bool:
+        """Under the lock: op ``seq`` is complete, next, small, and nothing runs (see submit)."""
+        return (len(arrived) == self.K and seq == self.next_seq and self.ready and not self.busy
+                and not self.closing and self.error is None and _nbytes(arrived[min(arrived)][0]) <= FAST_OP_BYTES)
 
     def _check_fingerprints(self, seq: int, subs: list[Submit]) -> None:
         def fp(s: Submit) -> str:

@@ -332,7 +332,14 @@ class Worker:
 
     @contextlib.contextmanager
     def span(self, comm: NodeComm, sub: Submit, seq: int) -> Iterator[Any]:
+        from opentelemetry.trace import ProxyTracerProvider, get_tracer_provider
+
         from fireflyer.telemetry import tracer
+
+        if isinstance(get_tracer_provider(), ProxyTracerProvider):
+            # tracing is not set up (_setup_tracing): a no-op span still costs a few % of a small op
+            yield None
+            return
 
         attrs = {"hfreduce.comm": comm.key, "hfreduce.seq": seq, "hfreduce.kind": sub.kind, "hfreduce.op": sub.op,
                  "hfreduce.dtype": sub.dtype, "hfreduce.count": sub.count, "hfreduce.node": self.node_rank}
