@@ -175,7 +175,8 @@ class NodeComm:
                     self.busy = True
                     self.fast_ops += 1
                     subs = dict(arrived)
-                else:
+                elif not self.busy:
+                    # (while an op runs, its thread looks at the next op when it ends: _run_op)
                     self.cond.notify_all()
         if err is None:
             if fast:  # outside the lock: other ranks' submits and the releasing thread need it
