@@ -29,7 +29,9 @@ child's own call.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -354,11 +356,18 @@ class Pipeline:
 
     def _inline_up(self: NodeEngine, st: OpState, t: int) -> None:
         """Run a claimed inline up step (and, at the root, the down sends) on this thread."""
-        try:
+        with self._step_failures():
             self._up_step(st, t, 0)
             if self._parent[t] is None and not st.exchange:
                 for lk in self._children[t]:
                     self._down_step(st, lk, 0)
+
+    @contextlib.contextmanager
+    def _step_failures(self: NodeEngine) -> Iterator[None]:
+        """Around an inline step on a reader: its failure fails the engine here (its frame is
+        consumed, so the reader must not discard those bytes again); ``_Failed`` is recorded already."""
+        try:
+            yield
         except _Failed:
             pass
         except HFReduceError as e:
@@ -425,12 +434,8 @@ class Pipeline:
             claimed = st is not None and self._claim_xchg(st)
         if claimed:
             assert st is not None
-            try:
+            with self._step_failures():
                 self._xchg_step(st)
-            except _Failed:
-                pass
-            except HFReduceError as e:  # the frame is consumed: fail here, never discard its bytes again
-                self._fail(e)
 
     def _recv_slot(self: NodeEngine, lk: Link, hdr: Request, plen: int) -> OpState | None:
         """Receive a frame into ``lk``'s next ring slot (waiting while the ring is full); the current op."""

@@ -173,11 +173,14 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
     wb = [0.0]
     early = write is None or work.nbytes <= INLINE_WRITE_BYTES
 
-    def engine_done(stats: OpStats) -> None:
+    def take_times() -> None:
         times["tree_s"] = time.perf_counter() - t
         times["writeback_s"] = wb[0]
         if local_reduce is not None:
             times["local_reduce_s"] = local_reduce()
+
+    def engine_done(stats: OpStats) -> None:
+        take_times()
         done(stats)
 
     def timed(a: int, b: int) -> None:
@@ -203,8 +206,7 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
     bad = next((e for e in failures if e is not None), None)
     if bad is not None:
         raise bad
-    times["tree_s"] = time.perf_counter() - t
-    times["writeback_s"] = wb[0]
+    take_times()
     return stats
 
 
@@ -257,12 +259,9 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
             spent.append(time.perf_counter() - t1)
 
         on_phase("tree")
-        try:
-            return _run_tree(engine, work, engine_op, fp, deadline_s, write if targets else None, writer, times,
-                             done, avg_divisor=plan.world_size, fill=None if in_place else fill,
-                             local_reduce=lambda: sum(spent))
-        finally:
-            times["local_reduce_s"] = sum(spent)
+        return _run_tree(engine, work, engine_op, fp, deadline_s, write if targets else None, writer, times,
+                         done, avg_divisor=plan.world_size, fill=None if in_place else fill,
+                         local_reduce=lambda: sum(spent))
     chunks = _chunks(plan.count, wdt.itemsize, plan.chunk_bytes)
     on_phase("local_reduce")
     t0 = time.perf_counter()
