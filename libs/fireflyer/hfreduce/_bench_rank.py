@@ -10,7 +10,9 @@ same thing per size, so the two are comparable:
 2. one warm-up allreduce whose result is checked (every element == world
    size: a benchmark of a wrong allreduce is worthless), then zeros (so the
    timed loop cannot overflow into Inf);
-3. ``PROBE`` more ops timed to estimate one op; the ranks agree on the
+3. :func:`probe_ops` more ops timed to estimate one op (more for small sizes:
+   the first few small ops are slow, and two of them made the timed loop a
+   tenth of ``--target-s``); the ranks agree on the
    estimate with one small allreduce (the mean over ranks, identical on every
    rank because it is the same reduced value), and derive the same number of
    timed iterations from it, so each size takes about ``--target-s``;
@@ -35,10 +37,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["main", "iterations", "RESULT_KEY"]
+__all__ = ["main", "iterations", "probe_ops", "RESULT_KEY"]
 
 RESULT_KEY = "ff_bench_rank"
-PROBE = 2
+#: ops of at most this many bytes are probed with ``PROBE_SMALL`` ops, larger ones with ``PROBE``
+PROBE, PROBE_SMALL, SMALL_BYTES = 2, 32, 1 << 20
+
+
+def probe_ops(size_bytes: int) -> int:
+    """How many ops estimate one op's time (the same on every rank: it depends on the size only)."""
+    return PROBE_SMALL if size_bytes <= SMALL_BYTES else PROBE
 
 
 def iterations(probe_s: float, target_s: float, *, min_iters: int = 3, max_iters: int = 20000) -> int:
@@ -163,10 +171,11 @@ def _time_size(be: _Backend, size_bytes: int, dtype_name: str, itemsize: int, ta
         raise SystemExit(f"rank {be.rank}: allreduce of {count} x {dtype_name} gave a wrong sum "
                          f"(expected every element == {be.world})")
     be.fill(buf, 0.0)
+    nprobe = probe_ops(count * itemsize)
     t0 = time.perf_counter()
-    for _ in range(PROBE):
+    for _ in range(nprobe):
         be.allreduce(buf)
-    probe_s = be.mean_over_ranks((time.perf_counter() - t0) / PROBE)
+    probe_s = be.mean_over_ranks((time.perf_counter() - t0) / nprobe)
     iters = iterations(probe_s, target_s)
     be.barrier()
     take = getattr(be, "take_phases", None)

@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from fireflyer.core.errors import InvalidArgument
-from fireflyer.hfreduce._bench_rank import iterations
+from fireflyer.hfreduce._bench_rank import iterations, probe_ops
 from fireflyer.hfreduce.bench_allreduce import busbw
 from fireflyer.hfreduce.launch import exit_code_of
 from fireflyer.hfreduce.launch_plan import (
@@ -127,6 +127,8 @@ def test_sizes_exit_codes_and_bench_arithmetic() -> None:
     assert busbw(1.0, 8) == pytest.approx(1.75) and busbw(1.0, 2) == 1.0 and busbw(1.0, 1) == 1.0
     assert iterations(0.1, 0.5) == 5 and iterations(1.0, 0.5) == 3 and iterations(1e-9, 0.5) == 20000
     assert iterations(0.0, 0.5) == 20000
+    # small ops are probed with more ops (the first few are slow), and every rank picks the same count
+    assert probe_ops(4) == probe_ops(1 << 20) > probe_ops((1 << 20) + 1) >= 2
 
 
 def test_bench_table_formats_missing_anchors_as_dashes() -> None:
