@@ -12,7 +12,7 @@ same thing per size, so the two are comparable:
    timed loop cannot overflow into Inf);
 3. :func:`probe_ops` more ops timed to estimate one op (more for small sizes:
    the first few small ops are slow, and two of them made the timed loop a
-   tenth of ``--target-s``); the ranks agree on the
+   tenth of ``--target-s``), the median of their times; the ranks agree on the
    estimate with one small allreduce (the mean over ranks, identical on every
    rank because it is the same reduced value), and derive the same number of
    timed iterations from it, so each size takes about ``--target-s``;
@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -171,11 +172,12 @@ def _time_size(be: _Backend, size_bytes: int, dtype_name: str, itemsize: int, ta
         raise SystemExit(f"rank {be.rank}: allreduce of {count} x {dtype_name} gave a wrong sum "
                          f"(expected every element == {be.world})")
     be.fill(buf, 0.0)
-    nprobe = probe_ops(count * itemsize)
-    t0 = time.perf_counter()
-    for _ in range(nprobe):
+    took = []
+    for _ in range(probe_ops(count * itemsize)):
+        t0 = time.perf_counter()
         be.allreduce(buf)
-    probe_s = be.mean_over_ranks((time.perf_counter() - t0) / nprobe)
+        took.append(time.perf_counter() - t0)
+    probe_s = be.mean_over_ranks(statistics.median(took))
     iters = iterations(probe_s, target_s)
     be.barrier()
     take = getattr(be, "take_phases", None)

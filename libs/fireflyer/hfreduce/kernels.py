@@ -139,6 +139,11 @@ for _dt, _aliases in [
 
 #: below this many bytes moved, threading costs more than it saves
 _MIN_PARALLEL_BYTES = 1 << 20
+#: sum / max / min calls of at most this many elements whose inputs and ``out`` share a float32 /
+#: int32 / int64 dtype run in numpy (:func:`_reduce_small`): a kernel call costs ~15 µs of
+#: argument checks and dispatch, most of a small allreduce's reduce step, against 2-5 µs
+SMALL_ELEMS = 1024
+_SMALL_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.int64)})
 #: bytes moved (read + written) per chunk that :func:`reduce_into`'s threads take
 #: from a shared counter: small enough to even out a descheduled thread, big
 #: enough that the per-chunk call (a few microseconds) stays below 1%
@@ -700,13 +705,58 @@ def reduce_into(
     in parallel; small calls run on the calling thread.  Raises
     :class:`~fireflyer.core.errors.InvalidArgument` naming the bad argument.
     """
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise InvalidArgument(f"threads must be a positive int, got {threads!r}", argument="threads")
+    if _reduce_small(out, inputs, op):
+        return out
     plan = _Plan(out, inputs, op, widen=True)
     if threads is None:
         threads = default_threads()
-    elif not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-        raise InvalidArgument(f"threads must be a positive int, got {threads!r}", argument="threads")
     _run_threaded(plan, threads)
     return out
+
+
+def _reduce_small(out: object, inputs: object, op: object) -> bool:
+    """Reduce a small same-dtype call with numpy; False (nothing done) when it is not one.
+
+    Only calls that would pass :class:`_Plan`'s checks qualify (anything unusual takes the
+    kernel path, which reports it), so both paths accept and reject the same calls.  The
+    result is the kernels' bit for bit: left to right, float32 sums in float32 (``np.add``),
+    integers wrapping, and max / min by the kernels' rule ``acc if acc > x or isnan(acc) else x``
+    written out (``np.maximum`` leaves ties of -0.0 / +0.0 and two NaNs unspecified).
+    """
+    if op not in ("sum", "max", "min") or type(out) is not np.ndarray or not isinstance(inputs, list | tuple) \
+            or not 1 <= len(inputs) <= MAX_INPUTS:
+        return False
+    n = out.shape[0] if out.ndim == 1 else -1
+    dt = out.dtype
+    if not 0 <= n <= SMALL_ELEMS or dt not in _SMALL_DTYPES or not out.flags.writeable \
+            or not out.flags.c_contiguous:
+        return False
+    aliased = False
+    for a in inputs:
+        if type(a) is not np.ndarray or a.dtype != dt or a.shape != out.shape or not a.flags.c_contiguous:
+            return False
+        if a is out:
+            aliased = True
+        elif np.may_share_memory(a, out):
+            if _addr(a) != _addr(out):
+                return False  # a partial overlap: an error, which the kernel path reports
+            aliased = True
+    # out may be any input: accumulate apart from it, then store once (as the kernels do)
+    acc = inputs[0].copy() if aliased or len(inputs) == 1 else np.copyto(out, inputs[0]) or out
+    if op == "sum":
+        for x in inputs[1:]:
+            np.add(acc, x, out=acc)
+    else:
+        for x in inputs[1:]:
+            keep = np.greater(acc, x) if op == "max" else np.less(acc, x)
+            if dt.kind == "f":
+                keep |= np.isnan(acc)
+            np.copyto(acc, x, where=~keep)
+    if acc is not out:
+        np.copyto(out, acc)
+    return True
 
 
 def reduce_range(

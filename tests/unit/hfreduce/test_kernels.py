@@ -340,3 +340,45 @@ def test_bench_reports_anchors_ratios_and_goals(capsys: pytest.CaptureFixture[st
     assert [(r["dtype"], r["k"]) for r in report["results"]] == [("fp32", 2), ("fp32", 8), ("bf16", 2), ("bf16", 8)]
     assert all(r["bit_exact"] and r["gbs"] > 0 and r["vs_numpy"] > 0 for r in report["results"])
     assert {g["goal"] for g in report["goals"]} >= {"fp32 k=8 vs numpy", "fp32 k=8 vs STREAM add", "bf16 k=8 vs numpy"}
+
+
+def _kernel_path(monkeypatch: pytest.MonkeyPatch, out: np.ndarray, xs: list[np.ndarray], op: str) -> np.ndarray:
+    with monkeypatch.context() as m:
+        m.setattr(kernels, "SMALL_ELEMS", -1)
+        return reduce_into(out, xs, op)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.int32, np.int64], ids=str)
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_small_calls_match_the_kernels_bit_for_bit(monkeypatch: pytest.MonkeyPatch, dt: type, op: str) -> None:
+    """Small same-dtype calls run in numpy (_reduce_small): same bits as the kernels, NaN payloads,
+    -0.0 / +0.0 ties and every alias of out included."""
+    dt = np.dtype(dt)
+    special = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 3e38, -3e38, 1e-45], F32)
+    payload = np.array([0x7FC00001, 0xFFC12345, 0x7F800001], np.uint32).view(F32)  # NaNs with payloads
+    for n in (0, 1, 7, 64, kernels.SMALL_ELEMS):
+        for k in (1, 2, 3, 5):
+            xs = random_inputs(dt, k, n, seed=n * 7 + k)
+            sp = np.concatenate([special, payload])
+            if dt == F32 and n >= sp.size ** 2 and k >= 2:
+                xs[0][:sp.size ** 2] = np.repeat(sp, sp.size)  # every special against every special
+                xs[1][:sp.size ** 2] = np.tile(sp, sp.size)
+                for x in xs[2:]:
+                    x[:sp.size ** 2] = np.random.default_rng(n + k).choice(sp, sp.size ** 2)
+            for alias in (None, *sorted({0, 1, k - 1} & set(range(k)))):
+                ins = [x.copy() for x in xs]
+                out = np.full(n, 5, dt) if alias is None else ins[alias]
+                assert kernels._reduce_small(out, ins, op) or n > kernels.SMALL_ELEMS
+                ins2 = [x.copy() for x in xs]
+                want = _kernel_path(monkeypatch, np.full(n, 5, dt) if alias is None else ins2[alias], ins2, op)
+                assert out.view(UINT[dt.itemsize]).tolist() == want.view(UINT[dt.itemsize]).tolist(), (n, k, alias)
+
+
+def test_small_path_leaves_odd_calls_to_the_kernels() -> None:
+    a = np.zeros(8, F32)
+    assert not kernels._reduce_small(a[1:], [a[:-1]], "sum")  # partial overlap: the kernel path raises
+    assert not kernels._reduce_small(a, [a], "avg")  # avg divides: kernel path
+    assert not kernels._reduce_small(np.zeros(8, np.float16), [np.zeros(8, np.float16)], "sum")
+    assert not kernels._reduce_small(np.zeros(kernels.SMALL_ELEMS + 1, F32), [np.zeros(kernels.SMALL_ELEMS + 1, F32)],
+                                     "sum")
+    assert kernels._reduce_small(a, [np.ones(8, F32)], "sum") and (a == 1).all()
