@@ -367,7 +367,7 @@ class Communicator:
             host = item[1].array(np.uint8, dev.nbytes)
             self._cuda.to_host(dev, host)
             finish = (lambda: self._cuda.to_device(host, dev)) if writes_back else None
-            return item[0], 0, dev.nbytes // dt.itemsize, dt.name, finish, lambda: self._staging.release(item)
+            return item[0], 0, dev.nbytes // dt.itemsize, kernels.dtype_name(dt), finish, lambda: self._staging.release(item)
         if type(x).__module__.startswith("torch"):
             if x.device.type != "cpu":
                 raise InvalidArgument(f"unsupported torch device {x.device}")
@@ -381,12 +381,12 @@ class Communicator:
             raise InvalidArgument("the result is written in place, but the array is read-only")
         found = self._find_segment(arr)
         if found is not None:
-            return found[0], found[1], arr.size, dt.name, None, None
+            return found[0], found[1], arr.size, kernels.dtype_name(dt), None, None
         item = self._staging.acquire(arr.nbytes)
         flat = item[1].array(dt, arr.size)
         np.copyto(flat.reshape(arr.shape), arr)
         finish = (lambda: np.copyto(arr, flat.reshape(arr.shape))) if writes_back else None
-        return item[0], 0, arr.size, dt.name, finish, lambda: self._staging.release(item)
+        return item[0], 0, arr.size, kernels.dtype_name(dt), finish, lambda: self._staging.release(item)
 
     def _find_segment(self, arr: np.ndarray) -> tuple[int, int] | None:
         if not arr.flags.c_contiguous or arr.size == 0:

@@ -102,6 +102,7 @@ __all__ = [
     "cast_into",
     "default_threads",
     "dtype_from_name",
+    "dtype_name",
     "reduce_into",
     "reduce_range",
 ]
@@ -161,6 +162,8 @@ _ALIGN = 1024
 
 def dtype_from_name(name: str | np.dtype | type) -> np.dtype:
     """Map ``"fp32"``, ``"bf16"``, ``"fp8_e4m3"``, ``"float8_e5m2"``, ... (or a dtype) to a supported dtype."""
+    if isinstance(name, np.dtype) and name in _DTYPE_NAMES:
+        return name
     if isinstance(name, str):
         dt = _NAMES.get(name.strip().lower())
         if dt is None:
@@ -175,6 +178,16 @@ def dtype_from_name(name: str | np.dtype | type) -> np.dtype:
     if dt not in _FORMATS:
         raise InvalidArgument(f"unsupported dtype {dt}", argument="dtype", value=str(dt))
     return dt
+
+
+#: the canonical name of each supported dtype (``np.dtype.name`` costs ~2 µs, a dict hit 20 ns)
+_DTYPE_NAMES: dict[np.dtype, str] = {dt: dt.name for dt in _FORMATS}
+
+
+def dtype_name(dt: np.dtype) -> str:
+    """``dt.name``, fast for the supported dtypes (the per-op paths name their dtype several times)."""
+    name = _DTYPE_NAMES.get(dt)
+    return name if name is not None else np.dtype(dt).name
 
 
 def default_threads() -> int:

@@ -112,6 +112,8 @@ class Worker:
         #: the coord membership (coord mode) and the error its abort left behind
         self.coord: Any = None
         self.coord_error: FireFlyerError | None = None
+        self.tracing = False
+        self.refresh_tracing()
 
     # -- serving ----------------------------------------------------------------------------------
 
@@ -330,16 +332,23 @@ class Worker:
             self.nats.submit(rec)
         return rec
 
-    @contextlib.contextmanager
-    def span(self, comm: NodeComm, sub: Submit, seq: int) -> Iterator[Any]:
+    def refresh_tracing(self) -> None:
+        """Look again whether tracing is set up (:func:`_setup_tracing`); ops make spans only then.
+
+        Looked up once, not per op: asking OpenTelemetry reads the environment, and a no-op
+        span still costs a few % of a small op.
+        """
         from opentelemetry.trace import ProxyTracerProvider, get_tracer_provider
 
-        from fireflyer.telemetry import tracer
+        self.tracing = not isinstance(get_tracer_provider(), ProxyTracerProvider)
 
-        if isinstance(get_tracer_provider(), ProxyTracerProvider):
-            # tracing is not set up (_setup_tracing): a no-op span still costs a few % of a small op
-            yield None
-            return
+    def span(self, comm: NodeComm, sub: Submit, seq: int) -> contextlib.AbstractContextManager[Any]:
+        """The op's span (entered: the span, or None when tracing is off)."""
+        return self._span(comm, sub, seq) if self.tracing else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _span(self, comm: NodeComm, sub: Submit, seq: int) -> Iterator[Any]:
+        from fireflyer.telemetry import tracer
 
         attrs = {"hfreduce.comm": comm.key, "hfreduce.seq": seq, "hfreduce.kind": sub.kind, "hfreduce.op": sub.op,
                  "hfreduce.dtype": sub.dtype, "hfreduce.count": sub.count, "hfreduce.node": self.node_rank}
@@ -444,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hfreduce worker: {e}", file=sys.stderr, flush=True)
         return 2
     _setup_tracing(node_rank)
+    worker.refresh_tracing()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -195,3 +195,37 @@ def test_ranks_closing_right_after_their_last_op_do_not_fail_it(caplog) -> None:
         assert not failed, failed
     finally:
         w.stop()
+
+
+def test_ops_become_spans_once_tracing_is_set_up(monkeypatch) -> None:
+    """An op is an ``hfreduce.<kind>`` span with its phase times when tracing is on (decided once,
+    by refresh_tracing, not per op); with tracing off the worker makes none."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import fireflyer.telemetry as ff_telemetry
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()  # a private provider: the process-wide one stays as it is
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(ff_telemetry, "tracer", lambda name: provider.get_tracer(name))
+    sock = tempfile.mktemp(prefix="hfr", suffix=".sock", dir="/tmp")
+    w = Worker(node_rank=0, nnodes=1, local_world_size=1, socket_path=sock, settings=WorkerSettings())
+    w.start()
+    try:
+        (c,) = _ranks(sock, "spans", k=1)
+        w.tracing = False
+        c.allreduce(np.ones(8, np.float32))
+        w.tracing = True
+        c.allreduce(np.ones(8, np.float32))
+        c.barrier()
+        wait_until(lambda: len(exporter.get_finished_spans()) >= 2, timeout_s=5, what="two spans")
+        spans = exporter.get_finished_spans()
+        assert [s.name for s in spans] == ["hfreduce.allreduce", "hfreduce.barrier"]
+        a = spans[0].attributes
+        assert a["hfreduce.seq"] == 1 and a["hfreduce.count"] == 8 and a["hfreduce.dtype"] == "float32"
+        assert a["hfreduce.comm"] == "spans/default" and "hfreduce.local_reduce_s" in a
+        c.close()
+    finally:
+        w.stop()
