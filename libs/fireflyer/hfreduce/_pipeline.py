@@ -235,7 +235,12 @@ class Pipeline:
         op that wake-up is a large share of the latency, and the caller's ranks can be
         released without it.
         """
-        st.result = st.stats([lk.peer for lk in self._links])
+        result = st.stats([lk.peer for lk in self._links])
+        with self._mu:
+            st.result = result
+            if self._op is st:
+                self._in_op = False  # (before on_done, which may post the next op: NodeEngine.post)
+            self._done_cv.notify_all()  # NodeEngine.wait: the steps are done (on_done may take a while)
         if st.on_done is not None:
             try:
                 st.on_done(st.result)

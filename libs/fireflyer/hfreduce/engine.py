@@ -151,6 +151,9 @@ class NodeEngine(Pipeline):
         self._op: OpState | None = None
         self._next_k = 0
         self._failure: HFReduceError | None = None
+        #: called (no arguments, no lock held) once the engine failed: a posted op may have nobody
+        #: waiting for it (:meth:`post`), so its owner needs telling
+        self.on_failure: Callable[[], None] | None = None
         #: (origin, fields) of a remote FingerprintMismatch that arrived between ops
         self._abort_mismatch: tuple[int, dict[str, object]] | None = None
         self._closing = False
@@ -308,6 +311,36 @@ class NodeEngine(Pipeline):
             if on_done is not None:
                 on_done(stats)
             return stats
+        st = self._post(work, op, fp, on_final, divisor, fill, on_done)
+        try:
+            # (complete: on_done has returned too, so the caller's report of the op comes first)
+            return self._wait_result(st, deadline_s, lambda: st.complete)
+        finally:
+            with self._mu:
+                if self._op is st:
+                    self._in_op = False
+
+    def post(self, work: np.ndarray, op: str, fp: Fingerprint, *,
+             on_final: Callable[[int, int], None] | None = None, avg_divisor: int | None = None,
+             fill: Callable[[int, int], None] | None = None, on_done: Callable[[OpStats], None]) -> OpState:
+        """Start a small (inline) op and return without waiting for it (several nodes only).
+
+        Like :meth:`allreduce`, except that the call returns once this node's first steps
+        ran: ``on_done(stats)`` reports the completion, on the engine thread that ran the
+        last step, and the next op may be posted from there.  Nobody enforces the op's
+        deadline unless someone calls :meth:`wait` (the worker's op thread does for an op
+        that is slow to finish); a failure reaches ``wait`` and the next call.
+        """
+        self._check_call(work, op, fp)
+        if not self.can_post(work.nbytes):
+            raise InvalidArgument("post() takes small ops across several nodes only; call allreduce()")
+        divisor = self.nnodes if avg_divisor is None else int(avg_divisor)
+        return self._post(work, op, fp, on_final, divisor, fill, on_done)
+
+    def _post(self, work: np.ndarray, op: str, fp: Fingerprint, on_final: Callable[[int, int], None] | None,
+              divisor: int, fill: Callable[[int, int], None] | None,
+              on_done: Callable[[OpStats], None] | None) -> OpState:
+        """Make the op current and run the steps this thread may run now (inline ops)."""
         st = OpState(self._next_k, fp, work, "sum" if op == "avg" else op, divisor if op == "avg" else 1,
                      on_final, self.chunk_bytes, len(self._links),
                      (len(self._children[0]), len(self._children[1])),
@@ -324,6 +357,7 @@ class NodeEngine(Pipeline):
                 raise self._reraise(fp)
             self._op = st
             self._in_op = True
+            self._next_k += 1
             self._progress_at = st.t0
             if st.inline:
                 mine = [] if st.exchange else [t for t in (0, 1) if self._claim_up(st, t)]
@@ -338,26 +372,46 @@ class NodeEngine(Pipeline):
                     if self._parent[t] is None:
                         for lk in self._children[t]:
                             self._down_step(st, lk, 0)
-            self._wait(st, deadline_s, lambda: st.complete)
-        except _Failed:
+        except (_Failed, HFReduceError) as e:
+            if isinstance(e, HFReduceError) and e is not self._failure:
+                self._fail(e)  # found by an inline step on this thread: abort the others too
+            with self._mu:
+                if self._op is st:
+                    self._in_op = False
             raise self._reraise(fp) from None
+        return st
+
+    def can_post(self, nbytes: int) -> bool:
+        """May an op of ``nbytes`` go through :meth:`post` (several nodes, an inline op)?"""
+        return self.nnodes > 1 and nbytes <= self.inline_bytes
+
+    def wait(self, st: OpState, deadline_s: float | None = None) -> OpStats:
+        """Wait for posted op ``st`` (its deadline ``deadline_s`` counts from its post); its stats.
+
+        Returns once every step of the op ran (its ``on_done`` may still be running: it
+        may post and run later ops); raises the engine's failure otherwise.
+        """
+        return self._wait_result(st, deadline_s, lambda: st.result is not None)
+
+    def _wait_result(self, st: OpState, deadline_s: float | None, ready: Callable[[], bool]) -> OpStats:
+        try:
+            self._wait(st, deadline_s, ready)
+        except _Failed:
+            raise self._reraise(st.fp) from None
         except HFReduceError as e:
             if e is not self._failure:
-                self._fail(e)  # found by an inline step on this thread: abort the others too
-            raise self._reraise(fp) from None
-        finally:
-            self._in_op = False
-        self._next_k += 1
+                self._fail(e)
+            raise self._reraise(st.fp) from None
         assert st.result is not None
         return st.result
 
     def _check_call(self, work: np.ndarray, op: str, fp: Fingerprint) -> None:
         if not self._started:
             raise InvalidArgument("call start() before allreduce()")
-        if self._in_op:
-            raise InvalidArgument("one allreduce at a time per engine")
         if self._failure is not None:
             raise self._reraise(fp)
+        if self._in_op:
+            raise InvalidArgument("one allreduce at a time per engine")
         if not isinstance(work, np.ndarray) or work.ndim != 1 or not work.flags.c_contiguous \
                 or not work.flags.writeable:
             raise InvalidArgument("work must be a writable 1-D contiguous numpy array")
@@ -546,6 +600,11 @@ class NodeEngine(Pipeline):
                 if lk.cv is not None:
                     lk.cv.notify_all()
             closing = self._closing
+        if self.on_failure is not None:
+            try:
+                self.on_failure()
+            except Exception:  # noqa: BLE001 - the failure is recorded; the hook only speeds up its report
+                _log.exception("hfreduce on_failure hook failed", node=self.node)
         if closing:
             return
         if log:

@@ -9,6 +9,15 @@ generation*: every pending and later op of every local rank gets the error, and
 ``engine.abort`` makes the other nodes' ranks raise too.  Ranks that join again under the
 same name get a new generation (:meth:`Worker.join`).
 
+Small ops across nodes are *posted* (``NodeEngine.post``), not waited for: the thread
+that starts one (a rank's reader, or the op thread) goes back to its work at once, and the
+engine thread that completes it writes the result back, releases the ranks, ends the op
+and, if the next op's ranks have all submitted, posts that one too.  Nobody waits for a
+posted op that finishes quickly; one still running after ``WATCH_S``, or an engine that
+failed (``NodeEngine.on_failure`` wakes the op thread), gets ``engine.wait`` on the op
+thread, which enforces the deadline and turns a failure into a failed generation.  This
+saves every small op the wake-up of the thread that started it.
+
 One ``NodeEngine`` per generation: an aborted engine is dead by contract, so a new
 generation builds a new one on the same listen address once the old one has closed
 (``Worker.engine_slot``).  Hence one multi-node communicator per worker at a time.
@@ -30,7 +39,7 @@ from fireflyer.core.log import get_logger
 
 from . import kernels
 from .errors import CollectiveTimeout, FingerprintMismatch, HFReduceError, PeerLost
-from .opexec import OpPlan, _WorkBuffers, execute, wire_layout
+from .opexec import OpPlan, _WorkBuffers, execute, may_post, wire_layout
 from .protocol import Channel, Done, Failed, Hello, Submit
 from .shm import Segment
 from .telemetry import OpRecord
@@ -49,6 +58,9 @@ log = get_logger(__name__)
 #: latency.  Larger ops go to the op thread, so a rank's reader never blocks for long.
 FAST_OP_BYTES = 64 << 10
 
+#: a posted small op still running after this long gets its deadline enforced by the op thread
+#: (``engine.wait``); quicker ones never wake it
+WATCH_S = 0.1
 #: the engine waits this much longer than the op deadline, so that a node whose local rank
 #: did not arrive (it fails exactly at the deadline, with the precise reason) aborts the
 #: other nodes before their engines time out with the vaguer "node N sent nothing"
@@ -102,9 +114,16 @@ class NodeComm:
         self.ready = False
         #: ops run on a rank's thread (see submit), for Worker.info and the tests
         self.fast_ops = 0
+        #: of those, the ops that were posted: released and ended by the thread that completed them
+        self.posted_ops = 0
         self.closing = False
         self.engine: Any = None
         self.scratch = _WorkBuffers()
+        #: the posted op in flight, (seq, engine op state or None until known, deadline_s, posted at)
+        self._posted: tuple[int, Any, float, float] | None = None
+        #: the last posted op whose deadline the op thread enforced (see _wait_for_op)
+        self._watched = -1
+        self._tls = threading.local()
         self.writer = ThreadPoolExecutor(1, thread_name_prefix=f"hfr-wb-{key}")
         self.thread = threading.Thread(target=self._run, name=f"hfr-comm-{key}#{generation}", daemon=True)
         self.thread.start()
@@ -185,18 +204,34 @@ class NodeComm:
         conn.send(Failed(seq=sub.seq, error=err.to_dict()))
 
     def _run_fast(self, seq: int, subs: dict[int, tuple[Submit, float, float]]) -> None:
-        """Run small op ``seq`` on this rank's thread (claimed with ``busy`` by submit), and the
-        small ops whose last submit arrived meanwhile (the ranks are released before ``busy``
-        clears, so their next submits often do)."""
+        """Run small op ``seq`` on this thread (claimed with ``busy``), and the small ops whose
+        last submit arrived meanwhile (the ranks are released before ``busy`` clears, so their
+        next submits often do).
+
+        An op that is posted (:meth:`_run_op`) ends on the thread that completes it, which
+        comes back here for the next one.  When that thread is this one (the op completed
+        inside the post), the completion only hands the next op to the loop below, so a
+        stream of ops never nests calls.
+        """
+        tls = self._tls
+        if getattr(tls, "driving", False):
+            tls.handed = (seq, subs)
+            return
+        tls.driving, tls.handed = True, None
+        posted = False
         try:
             with self._failing_on_error():
                 nxt: tuple[int, dict[int, tuple[Submit, float, float]]] | None = (seq, subs)
                 while nxt is not None:
-                    seq = nxt[0]
+                    seq, posted = nxt[0], False
                     nxt = self._run_op(*nxt, chain=True)
+                    if nxt is None:
+                        nxt, tls.handed = tls.handed, None
+                        posted = nxt is None and self._posted is not None
         finally:
+            tls.driving = False
             with self.cond:
-                if self.busy and self.next_seq <= seq:  # failed before _run_op released it
+                if self.busy and self.next_seq <= seq and not posted:  # failed before it was released
                     self.busy = False
                     self.cond.notify_all()
 
@@ -254,7 +289,11 @@ class NodeComm:
                 with self.cond:
                     self.ready = True
                 while True:
-                    seq, subs = self._wait_for_op()
+                    seq, subs, watch = self._wait_for_op()
+                    if watch is not None:
+                        self._watched = seq
+                        self.engine.wait(*watch)  # returns once it completed; raises its failure
+                        continue
                     self._run_op(seq, subs)
         except _Closing:
             self._close_handshake()
@@ -288,31 +327,38 @@ class NodeComm:
         except HFReduceError as e:
             log.info("hfreduce.close_handshake_failed", comm=self.key, error=str(e))
 
-    def _wait_for_op(self) -> tuple[int, dict[int, tuple[Submit, float, float]]]:
+    def _wait_for_op(self) -> tuple[int, dict[int, tuple[Submit, float, float]], tuple[Any, float] | None]:
         """Block until every local rank submitted op ``next_seq`` and claim it (``busy``).
 
         A small op whose last submit finds no op running is claimed and run by that rank's
         thread instead (:meth:`submit`); this thread then only keeps the deadline of ops
-        whose ranks are still arriving."""
+        whose ranks are still arriving, and of a posted op still running after ``WATCH_S``:
+        for that one it returns ``(seq, {}, (state, deadline_s))``, for ``engine.wait``."""
         with self.cond:
             while True:
                 if self.error is not None:
                     raise _Stop
                 seq = self.next_seq
                 subs = self.submits.get(seq)
+                p = self._posted
+                if self.busy and p is not None and p[1] is not None and p[0] != self._watched and (
+                        time.monotonic() - p[3] >= WATCH_S or self.engine.failed is not None):
+                    return p[0], {}, (p[1], p[2])
                 if self.busy or not subs:
                     if self.closing and not self.busy and not subs:
                         raise _Closing
-                    self.cond.wait(0.5)
+                    self.cond.wait(WATCH_S if self.busy else 0.5)
                     continue
                 if len(subs) == self.K:
                     self.busy = True
-                    return seq, dict(subs)
+                    return seq, dict(subs), None
                 first = min(m for _, _, m in subs.values())
                 timeout = next(iter(subs.values()))[0].timeout_s or self.timeout_s
                 left = max(first, self._prev_end) + timeout - time.monotonic()
                 if left > 0:
-                    self.cond.wait(left)
+                    # (at most 0.5 s: the last rank's thread may post the op meanwhile without waking
+                    # this one, which must then watch it)
+                    self.cond.wait(min(left, 0.5))
                     continue
                 missing = [r for r in range(self.K) if r not in subs]
                 names = ", ".join(f"local rank {r} (rank {self.global_rank[r]})" if r in self.global_rank
@@ -362,6 +408,11 @@ class NodeComm:
             if rec is not None:
                 rec.phase = phase
 
+        # a small op is posted, not waited for: the thread that completes it releases the ranks and
+        # ends it (_finish), and this one goes back at once to reading its rank (or, the op thread,
+        # to keeping deadlines); with tracing on it waits, so that the op's span covers it
+        post = self._postable(s0)
+
         def release(stats: OpStats | None, times: dict[str, float]) -> None:
             """The result is in every rank's buffer: tell the ranks (on the thread that finished it)."""
             with self.cond:
@@ -377,13 +428,42 @@ class NodeComm:
             done_rec = self.worker.ring_end(self, seq, "done")
             for r in range(self.K):
                 self.conns[r].send(Done(seq=seq, record=done_rec))
+            if post:
+                nxt = None
+                with self._failing_on_error():
+                    # an engine thread may run the next op only if it can post it too: waiting
+                    # for an op here would block the thread that must receive its data
+                    nxt = self._finish(seq, chain=True, postable=True)
+                if nxt is not None:
+                    self._run_fast(*nxt)
 
+        if post:
+            with self.cond:
+                self._posted = (seq, None, deadline_s, time.monotonic())
+                self.posted_ops += 1
+
+            def posted(st: Any) -> None:
+                with self.cond:
+                    if self._posted is not None and self._posted[0] == seq:
+                        self._posted = (seq, st, deadline_s, self._posted[3])
+
+            execute(plan, engine=self.engine, fp=fp, deadline_s=deadline_s, scratch=self.scratch,
+                    writer=self.writer, on_phase=on_phase, on_done=release, on_posted=posted)
+            return None
         with self.worker.span(self, s0, seq) as span:
-            _, times = execute(plan, engine=self.engine, fp=fp, deadline_s=deadline_s, scratch=self.scratch,
-                               writer=self.writer, on_phase=on_phase, on_done=release)
+            ran = execute(plan, engine=self.engine, fp=fp, deadline_s=deadline_s, scratch=self.scratch,
+                          writer=self.writer, on_phase=on_phase, on_done=release)
+            assert ran is not None
             if span is not None:
-                for k, v in times.items():
+                for k, v in ran[1].items():
                     span.set_attribute(f"hfreduce.{k}", v)
+        return self._finish(seq, chain)
+
+    def _finish(self, seq: int, chain: bool, *,
+                postable: bool = False) -> tuple[int, dict[int, tuple[Submit, float, float]]] | None:
+        """Op ``seq`` ended (its ranks are released): the next op may run.  With ``chain``,
+        claim and return the next op if it may run on this thread (with ``postable``: only
+        if it would be posted)."""
         self._prev_end = time.monotonic()
         # busy until here, not just until the ranks are released: the engine runs one op at a time
         with self.cond:
@@ -392,8 +472,11 @@ class NodeComm:
             self.submits.pop(seq, None)
             self.next_seq = seq + 1
             self.busy = False
+            if self._posted is not None and self._posted[0] == seq:
+                self._posted = None
             nxt = self.submits.get(seq + 1)
-            if chain and nxt and self._may_run_fast(seq + 1, nxt):
+            if chain and nxt and self._may_run_fast(seq + 1, nxt) and (
+                    not postable or self._postable(nxt[min(nxt)][0])):
                 self.busy = True
                 self.fast_ops += 1
                 return seq + 1, dict(nxt)
@@ -405,6 +488,16 @@ class NodeComm:
         """Under the lock: op ``seq`` is complete, next, small, and nothing runs (see submit)."""
         return (len(arrived) == self.K and seq == self.next_seq and self.ready and not self.busy
                 and not self.closing and self.error is None and _nbytes(arrived[min(arrived)][0]) <= FAST_OP_BYTES)
+
+    def _postable(self, sub: Submit) -> bool:
+        """Would op ``sub`` be posted (not waited for)? (See _run_op.)"""
+        if self.worker.tracing or self.engine is None:
+            return False
+        try:
+            dtype = kernels.dtype_from_name(sub.dtype) if sub.kind != "barrier" else _I32
+        except FireFlyerError:
+            return False  # it fails on its dtype wherever it runs
+        return may_post(sub.kind, sub.op, dtype, sub.count, self.engine)
 
     def _check_fingerprints(self, seq: int, subs: list[Submit]) -> None:
         def fp(s: Submit) -> str:
@@ -436,7 +529,13 @@ class NodeComm:
         except BaseException:
             w.engine_slot.release()
             raise
+        eng.on_failure = self._engine_failed
         self.engine = eng
+
+    def _engine_failed(self) -> None:
+        """The engine failed: wake the op thread, which reports it (a posted op may have no waiter)."""
+        with self.cond:
+            self.cond.notify_all()
 
 
 class _Stop(Exception):

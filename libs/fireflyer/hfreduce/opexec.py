@@ -50,7 +50,7 @@ from . import kernels
 from .copies import copy_into
 from .types import Fingerprint, OpStats
 
-__all__ = ["OpPlan", "execute", "wire_layout"]
+__all__ = ["OpPlan", "execute", "may_post", "wire_layout"]
 
 _WIDEN = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn),
           np.dtype(ml_dtypes.float8_e5m2)}
@@ -112,13 +112,19 @@ Done = Callable[[OpStats | None, dict[str, float]], None]
 
 def execute(plan: OpPlan, *, engine: Engine | None, fp: Fingerprint, deadline_s: float | None,
             scratch: _WorkBuffers, writer: ThreadPoolExecutor, on_phase: Callable[[str], None],
-            on_done: Done | None = None) -> tuple[OpStats | None, dict[str, float]]:
+            on_done: Done | None = None,
+            on_posted: Callable[[Any], None] | None = None) -> tuple[OpStats | None, dict[str, float]] | None:
     """Run one op; returns the engine's stats (None on one node) and phase durations.
 
     ``on_done(stats, times)`` is called exactly once when the op succeeded and the ranks'
     buffers hold the result, before this returns: for a small op by the engine thread
     that completed it (so the worker can release its ranks without another thread
     hand-off), otherwise on this thread.
+
+    With ``on_posted`` a small op (:func:`may_post`) is only started: this returns None
+    once it is posted (``on_posted(state)`` gets the engine's op state, for
+    ``engine.wait``), and ``on_done`` alone reports its completion, on whichever thread
+    completes it -- possibly before ``on_posted`` runs.
     """
     times = {"local_reduce_s": 0.0, "tree_s": 0.0, "writeback_s": 0.0}
     fired = [False]
@@ -139,14 +145,36 @@ def execute(plan: OpPlan, *, engine: Engine | None, fp: Fingerprint, deadline_s:
                 times["tree_s"] = time.perf_counter() - t
                 done(s)
 
-            stats = engine.allreduce(scratch.get(_I32, 1, zero=True), "sum", fp, deadline_s=deadline_s,
-                                     on_done=barrier_done)
+            work = scratch.get(_I32, 1, zero=True)
+            if on_posted is not None:
+                on_posted(engine.post(work, "sum", fp, on_done=barrier_done))
+                return None
+            stats = engine.allreduce(work, "sum", fp, deadline_s=deadline_s, on_done=barrier_done)
     elif plan.kind == "broadcast":
-        stats = _broadcast(plan, engine, fp, deadline_s, scratch, writer, on_phase, times, done)
+        stats = _broadcast(plan, engine, fp, deadline_s, scratch, writer, on_phase, times, done, on_posted)
     else:
-        stats = _reduce(plan, engine, fp, deadline_s, scratch, writer, on_phase, times, done)
+        stats = _reduce(plan, engine, fp, deadline_s, scratch, writer, on_phase, times, done, on_posted)
+    if stats is _POSTED:
+        return None
     done(stats)
     return stats, times
+
+
+def may_post(kind: str, op: str, dtype: np.dtype, count: int, engine: Engine | None) -> bool:
+    """Can :func:`execute` post this op (``on_posted``) instead of waiting for it?
+
+    Small ops across nodes whose result is written back on the engine thread that
+    completes them: then nothing is left to do on the calling thread.
+    """
+    if engine is None:
+        return False
+    _, wdt, wcount = wire_layout(kind, op, dtype, count)
+    nbytes = wcount * wdt.itemsize
+    return nbytes <= INLINE_WRITE_BYTES and engine.can_post(nbytes)
+
+
+#: what the op functions return for a posted op (``execute`` returns None)
+_POSTED: Any = object()
 
 
 def _chunks(count: int, itemsize: int, chunk_bytes: int) -> list[tuple[int, int]]:
@@ -163,7 +191,8 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
               write: Callable[[int, int], None] | None, writer: ThreadPoolExecutor,
               times: dict[str, float], done: Callable[[OpStats], None], avg_divisor: int | None = None,
               fill: Callable[[int, int], None] | None = None,
-              local_reduce: Callable[[], float] | None = None) -> OpStats:
+              local_reduce: Callable[[], float] | None = None,
+              on_posted: Callable[[Any], None] | None = None) -> OpStats:
     """engine.allreduce with write-back of each final range on the writer thread.
 
     When every final range is small enough to be written on the engine thread that
@@ -196,6 +225,10 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
             futures.append(writer.submit(timed, a, b))
 
     t = time.perf_counter()
+    if on_posted is not None:  # (may_post: every write-back runs on the completing engine thread)
+        on_posted(engine.post(work, op, fp, on_final=None if write is None else on_final, avg_divisor=avg_divisor,
+                              fill=fill, on_done=engine_done))
+        return _POSTED
     try:
         kw = {"fill": fill} if fill is not None else {}
         stats = engine.allreduce(work, op, fp, on_final=None if write is None else on_final, deadline_s=deadline_s,
@@ -212,7 +245,8 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
 
 def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: float | None,
             scratch: _WorkBuffers, writer: ThreadPoolExecutor, on_phase: Callable[[str], None],
-            times: dict[str, float], done: Callable[[OpStats], None]) -> OpStats | None:
+            times: dict[str, float], done: Callable[[OpStats], None],
+            on_posted: Callable[[Any], None] | None) -> OpStats | None:
     engine_op, wdt, _ = wire_layout(plan.kind, plan.op, plan.dtype, plan.count)
     local_op = "sum" if plan.op == "avg" else plan.op
     views = plan.views
@@ -261,7 +295,7 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
         on_phase("tree")
         return _run_tree(engine, work, engine_op, fp, deadline_s, write if targets else None, writer, times,
                          done, avg_divisor=plan.world_size, fill=None if in_place else fill,
-                         local_reduce=lambda: sum(spent))
+                         local_reduce=lambda: sum(spent), on_posted=on_posted)
     chunks = _chunks(plan.count, wdt.itemsize, plan.chunk_bytes)
     on_phase("local_reduce")
     t0 = time.perf_counter()
@@ -276,16 +310,13 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
         for a, b in chunks:
             write(a, b)
     times["local_reduce_s"] = time.perf_counter() - t0 - times["writeback_s"]
-    if engine is None:
-        return None
-    on_phase("tree")
-    return _run_tree(engine, work, engine_op, fp, deadline_s, write, writer, times, done,
-                     avg_divisor=plan.world_size)
+    return None
 
 
 def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: float | None,
                scratch: _WorkBuffers, writer: ThreadPoolExecutor, on_phase: Callable[[str], None],
-               times: dict[str, float], done: Callable[[OpStats], None]) -> OpStats | None:
+               times: dict[str, float], done: Callable[[OpStats], None],
+               on_posted: Callable[[Any], None] | None) -> OpStats | None:
     nbytes = plan.count * plan.dtype.itemsize
     raw = [v.view(np.uint8) for v in plan.views]
     root = plan.root_local
@@ -316,4 +347,4 @@ def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s:
         copy_into([r[lo:hi] for r in targets], wbytes[lo:hi])
 
     on_phase("tree")
-    return _run_tree(engine, work, "sum", fp, deadline_s, write, writer, times, done)
+    return _run_tree(engine, work, "sum", fp, deadline_s, write, writer, times, done, on_posted=on_posted)

@@ -19,8 +19,9 @@ member called Abort) every live communicator of this worker fails, so every loca
 rank raises with coord's reason naming the node (:mod:`fireflyer.coord.client`).
 
 Threads: one accept thread, one thread per rank connection (control messages of
-:mod:`.protocol`; it also runs a small op whose last submit it receives while no op
-runs), one op thread per communicator generation (:mod:`.nodecomm`), one
+:mod:`.protocol`; it also starts a small op whose last submit it receives while no op
+runs, which the engine thread that completes it then ends), one op thread per
+communicator generation (:mod:`.nodecomm`), one
 write-back thread per generation, the engine's transfer threads, and the telemetry
 publisher.  None of them runs an asyncio loop on the data path (DESIGN.md §1).
 
@@ -305,7 +306,8 @@ class Worker:
     def info(self) -> dict[str, Any]:
         with self._lock:
             comms = {k: {"generation": c.generation, "joined": sorted(c.conns), "left": sorted(c.left),
-                         "error": str(c.error) if c.error else "", "next_seq": c.next_seq, "fast_ops": c.fast_ops}
+                         "error": str(c.error) if c.error else "", "next_seq": c.next_seq, "fast_ops": c.fast_ops,
+                         "posted_ops": c.posted_ops}
                      for k, c in self._comms.items()}
         return {"node_rank": self.node_rank, "nnodes": self.nnodes, "pid": os.getpid(),
                 "local_world_size": self.local_world_size, "chunk_bytes": self.chunk_bytes,

@@ -111,6 +111,22 @@ def _matrix(comm: Any, out: str, full: bool) -> dict[str, Any]:
 def _run(mode: str, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
     if mode == "matrix":
         return _matrix(comm, args.out, args.full)
+    if mode == "stream":  # many small ops in flight at once, of every kind, then all waited for
+        world, works = comm.world_size, []
+        for i in range(1500):
+            works.append((i, comm.allreduce(np.full(3, comm.rank + i, np.int64), async_op=True)))
+            if i % 100 == 0:
+                works.append((-i - 1, comm.broadcast(np.full(5, comm.rank * 10000 + i, np.float32), 0,
+                                                     async_op=True)))
+                works.append((None, comm.barrier(async_op=True)))
+        for i, w in works:
+            got = w.wait(60)
+            if i is not None and i >= 0:
+                assert np.all(got == sum(r + i for r in range(world))), (i, got)
+            elif i is not None:
+                assert np.all(got == -i - 1), (i, got)  # root 0's values
+        info = comm.status().worker["comms"]["test/default"]
+        return {"fast_ops": info["fast_ops"], "posted_ops": info["posted_ops"]}
     if mode == "ops":  # a few allreduces (a communicator after a failure still works)
         for _ in range(3):
             x = np.full(5000, comm.rank + 1, np.float32)

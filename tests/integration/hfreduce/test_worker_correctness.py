@@ -130,3 +130,21 @@ def test_worker_same_bits_across_runs() -> None:
             if key.startswith("c"):
                 assert a[r][key].tobytes() == b[r][key].tobytes(), (r, key)
     assert list_segments() == []
+
+
+@pytest.mark.parametrize(("nnodes", "k"), [(2, 1), (3, 2)], ids=["2nodes-1rank", "3nodes-2ranks"])
+def test_small_ops_in_flight_by_the_thousand_are_posted_and_stay_in_order(nnodes: int, k: int) -> None:
+    """1,500 small async allreduces (and broadcasts, barriers) in flight at once: the worker posts
+    them (the thread that completes one releases its ranks and runs the next: no nesting, whatever
+    the stream's length) and every result is right."""
+    cluster = Cluster(nnodes, k, chunk="64k").start()
+    try:
+        run = cluster.ranks("stream", timeout_s=120)
+        res = run.results()
+    finally:
+        codes = cluster.stop()
+    assert sorted(res) == list(range(nnodes * k)) and all(o["ok"] for o in res.values()), res
+    for o in res.values():
+        assert o["posted_ops"] > 1000, o
+    assert codes == [0] * nnodes
+    assert list_segments() == []

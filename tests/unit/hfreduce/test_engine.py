@@ -11,6 +11,7 @@ from engine_util import allreduce_all, close_all, make_engines, run_all
 
 from fireflyer.core.errors import InvalidArgument
 from fireflyer.hfreduce.engine import NodeEngine
+from fireflyer.hfreduce.errors import HFReduceError
 from fireflyer.hfreduce.types import Fingerprint, OpStats
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -282,5 +283,60 @@ def test_two_nodes_exchange_small_ops_in_one_hop_with_identical_bits() -> None:
         data = [(i, op) for i, op in sent if op != "hfr.wait"]
         assert sorted(set(data)) == sorted({(root, "hfr.xchg"), (child, "hfr.up")}), set(data)
         assert len(data) == 24
+    finally:
+        close_all(engines)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_posted_ops_chain_from_on_done_and_wait_returns_their_stats(n: int) -> None:
+    """post() returns before the op completes; on_done reports it and may post the next op (the
+    worker's chaining); wait() returns the stats, at once for an op that already completed."""
+    engines = make_engines(n)
+    try:
+        nops, count = 40, 5
+        results: list[list[np.ndarray]] = [[] for _ in range(n)]
+        states: list[list[object]] = [[] for _ in range(n)]
+        finished = [threading.Event() for _ in range(n)]
+
+        def post(i: int, k: int) -> None:
+            x = np.full(count, float(i + k), np.float32)
+
+            def done(stats: OpStats, i: int = i, k: int = k, x: np.ndarray = x) -> None:
+                assert stats.seq == k
+                results[i].append(x)
+                if k + 1 < nops:
+                    post(i, k + 1)  # from the completing thread, like the worker
+                else:
+                    finished[i].set()
+
+            states[i].append(engines[i].post(x, "sum", Fingerprint("c", k, "sum", "float32", count), on_done=done))
+
+        run_all([lambda i=i: post(i, 0) for i in range(n)], 30)
+        for ev in finished:
+            assert ev.wait(30), "the posted chain stalled"
+        for i in range(n):
+            assert [float(x[0]) for x in results[i]] == [sum(j + k for j in range(n)) for k in range(nops)]
+            assert engines[i].wait(states[i][-1]).seq == nops - 1  # completed: returns at once
+        # a big op cannot be posted; the engine is unharmed and the next call works
+        with pytest.raises(InvalidArgument, match="small ops"):
+            engines[0].post(np.zeros(1 << 20, np.float32), "sum", Fingerprint("c", nops, "sum", "float32", 1 << 20),
+                            on_done=lambda s: None)
+        res = allreduce_all(engines, [np.ones(3, np.float32) for _ in range(n)], "sum", seq=nops)
+        assert all(not isinstance(r, BaseException) for r in res), res
+    finally:
+        close_all(engines)
+
+
+def test_on_failure_tells_the_owner_of_a_posted_op_nobody_waits_for() -> None:
+    engines = make_engines(2)
+    try:
+        told = threading.Event()
+        engines[0].on_failure = told.set
+        st = engines[0].post(np.ones(3, np.float32), "sum", Fingerprint("c", 0, "sum", "float32", 3),
+                             on_done=lambda s: None)
+        engines[1].abort("test abort")  # node 1 never runs op 0
+        assert told.wait(10), "on_failure was not called"
+        with pytest.raises(HFReduceError, match="test abort"):
+            engines[0].wait(st, 5.0)
     finally:
         close_all(engines)
