@@ -381,6 +381,11 @@ class NodeEngine(Pipeline):
             raise self._reraise(fp) from None
         return st
 
+    def current(self, seq: int) -> OpState | None:
+        """The op state of op ``seq`` (its fingerprint's seq) if that is the current op, for :meth:`wait`."""
+        st = self._op
+        return st if st is not None and st.fp.seq == seq else None
+
     def can_post(self, nbytes: int) -> bool:
         """May an op of ``nbytes`` go through :meth:`post` (several nodes, an inline op)?"""
         return self.nnodes > 1 and nbytes <= self.inline_bytes

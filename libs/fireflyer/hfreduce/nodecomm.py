@@ -105,7 +105,10 @@ class NodeComm:
         self.global_rank: dict[int, int] = {}
         self.left: set[int] = set()
         self.submits: dict[int, dict[int, tuple[Submit, float, float]]] = {}
-        self.cond = threading.Condition()
+        #: guards the fields below; entered directly (``with self._lock``) on the per-op paths, where
+        #: the Python-level Condition.__enter__/__exit__ wrappers cost more; ``cond`` waits on it
+        self._lock = threading.RLock()
+        self.cond = threading.Condition(self._lock)
         self.error: FireFlyerError | None = None
         self.next_seq = 0
         #: an op is running (on the op thread, or on a rank's thread: see submit)
@@ -119,8 +122,8 @@ class NodeComm:
         self.closing = False
         self.engine: Any = None
         self.scratch = _WorkBuffers()
-        #: the posted op in flight, (seq, engine op state or None until known, deadline_s, posted at)
-        self._posted: tuple[int, Any, float, float] | None = None
+        #: the posted op in flight: (seq, deadline_s, posted at)
+        self._posted: tuple[int, float, float] | None = None
         #: the last posted op whose deadline the op thread enforced (see _wait_for_op)
         self._watched = -1
         self._tls = threading.local()
@@ -174,7 +177,7 @@ class NodeComm:
         lr = conn.hello.local_rank  # type: ignore[union-attr]
         now_wall, now_mono = time.time(), time.monotonic()
         fast, subs = False, {}
-        with self.cond:
+        with self._lock:
             err = self.error
             if err is None and self.left:
                 err = HFReduceError(f"communicator {self.key!r} on node {self.node_rank} is closing: local ranks "
@@ -341,9 +344,11 @@ class NodeComm:
                 seq = self.next_seq
                 subs = self.submits.get(seq)
                 p = self._posted
-                if self.busy and p is not None and p[1] is not None and p[0] != self._watched and (
-                        time.monotonic() - p[3] >= WATCH_S or self.engine.failed is not None):
-                    return p[0], {}, (p[1], p[2])
+                if self.busy and p is not None and p[0] != self._watched and (
+                        time.monotonic() - p[2] >= WATCH_S or self.engine.failed is not None):
+                    st = self.engine.current(p[0])
+                    if st is not None:  # (None: it is still being posted; look again shortly)
+                        return p[0], {}, (st, p[1])
                 if self.busy or not subs:
                     if self.closing and not self.busy and not subs:
                         raise _Closing
@@ -415,7 +420,7 @@ class NodeComm:
 
         def release(stats: OpStats | None, times: dict[str, float]) -> None:
             """The result is in every rank's buffer: tell the ranks (on the thread that finished it)."""
-            with self.cond:
+            with self._lock:
                 if self.error is not None:
                     return  # failed while running (a rank died): the ranks already have the error
                 # no longer pending: a rank that closes as soon as it is released must not look like
@@ -438,17 +443,11 @@ class NodeComm:
                     self._run_fast(*nxt)
 
         if post:
-            with self.cond:
-                self._posted = (seq, None, deadline_s, time.monotonic())
+            with self._lock:
+                self._posted = (seq, deadline_s, time.monotonic())
                 self.posted_ops += 1
-
-            def posted(st: Any) -> None:
-                with self.cond:
-                    if self._posted is not None and self._posted[0] == seq:
-                        self._posted = (seq, st, deadline_s, self._posted[3])
-
             execute(plan, engine=self.engine, fp=fp, deadline_s=deadline_s, scratch=self.scratch,
-                    writer=self.writer, on_phase=on_phase, on_done=release, on_posted=posted)
+                    writer=self.writer, on_phase=on_phase, on_done=release, post=True)
             return None
         with self.worker.span(self, s0, seq) as span:
             ran = execute(plan, engine=self.engine, fp=fp, deadline_s=deadline_s, scratch=self.scratch,
@@ -466,7 +465,7 @@ class NodeComm:
         if it would be posted)."""
         self._prev_end = time.monotonic()
         # busy until here, not just until the ranks are released: the engine runs one op at a time
-        with self.cond:
+        with self._lock:
             if self.error is not None:
                 raise _Stop
             self.submits.pop(seq, None)

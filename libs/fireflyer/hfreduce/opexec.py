@@ -112,8 +112,7 @@ Done = Callable[[OpStats | None, dict[str, float]], None]
 
 def execute(plan: OpPlan, *, engine: Engine | None, fp: Fingerprint, deadline_s: float | None,
             scratch: _WorkBuffers, writer: ThreadPoolExecutor, on_phase: Callable[[str], None],
-            on_done: Done | None = None,
-            on_posted: Callable[[Any], None] | None = None) -> tuple[OpStats | None, dict[str, float]] | None:
+            on_done: Done | None = None, post: bool = False) -> tuple[OpStats | None, dict[str, float]] | None:
     """Run one op; returns the engine's stats (None on one node) and phase durations.
 
     ``on_done(stats, times)`` is called exactly once when the op succeeded and the ranks'
@@ -121,10 +120,9 @@ def execute(plan: OpPlan, *, engine: Engine | None, fp: Fingerprint, deadline_s:
     that completed it (so the worker can release its ranks without another thread
     hand-off), otherwise on this thread.
 
-    With ``on_posted`` a small op (:func:`may_post`) is only started: this returns None
-    once it is posted (``on_posted(state)`` gets the engine's op state, for
-    ``engine.wait``), and ``on_done`` alone reports its completion, on whichever thread
-    completes it -- possibly before ``on_posted`` runs.
+    With ``post`` the op (which must pass :func:`may_post`) is only started: this returns
+    None once it is posted (``engine.post``), and ``on_done`` alone reports its completion,
+    on whichever thread completes it -- possibly before this returns.
     """
     times = {"local_reduce_s": 0.0, "tree_s": 0.0, "writeback_s": 0.0}
     fired = [False]
@@ -146,14 +144,14 @@ def execute(plan: OpPlan, *, engine: Engine | None, fp: Fingerprint, deadline_s:
                 done(s)
 
             work = scratch.get(_I32, 1, zero=True)
-            if on_posted is not None:
-                on_posted(engine.post(work, "sum", fp, on_done=barrier_done))
+            if post:
+                engine.post(work, "sum", fp, on_done=barrier_done)
                 return None
             stats = engine.allreduce(work, "sum", fp, deadline_s=deadline_s, on_done=barrier_done)
     elif plan.kind == "broadcast":
-        stats = _broadcast(plan, engine, fp, deadline_s, scratch, writer, on_phase, times, done, on_posted)
+        stats = _broadcast(plan, engine, fp, deadline_s, scratch, writer, on_phase, times, done, post)
     else:
-        stats = _reduce(plan, engine, fp, deadline_s, scratch, writer, on_phase, times, done, on_posted)
+        stats = _reduce(plan, engine, fp, deadline_s, scratch, writer, on_phase, times, done, post)
     if stats is _POSTED:
         return None
     done(stats)
@@ -161,7 +159,7 @@ def execute(plan: OpPlan, *, engine: Engine | None, fp: Fingerprint, deadline_s:
 
 
 def may_post(kind: str, op: str, dtype: np.dtype, count: int, engine: Engine | None) -> bool:
-    """Can :func:`execute` post this op (``on_posted``) instead of waiting for it?
+    """Can :func:`execute` post this op (``post``) instead of waiting for it?
 
     Small ops across nodes whose result is written back on the engine thread that
     completes them: then nothing is left to do on the calling thread.
@@ -191,8 +189,7 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
               write: Callable[[int, int], None] | None, writer: ThreadPoolExecutor,
               times: dict[str, float], done: Callable[[OpStats], None], avg_divisor: int | None = None,
               fill: Callable[[int, int], None] | None = None,
-              local_reduce: Callable[[], float] | None = None,
-              on_posted: Callable[[Any], None] | None = None) -> OpStats:
+              local_reduce: Callable[[], float] | None = None, post: bool = False) -> OpStats:
     """engine.allreduce with write-back of each final range on the writer thread.
 
     When every final range is small enough to be written on the engine thread that
@@ -225,9 +222,9 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
             futures.append(writer.submit(timed, a, b))
 
     t = time.perf_counter()
-    if on_posted is not None:  # (may_post: every write-back runs on the completing engine thread)
-        on_posted(engine.post(work, op, fp, on_final=None if write is None else on_final, avg_divisor=avg_divisor,
-                              fill=fill, on_done=engine_done))
+    if post:  # (may_post: every write-back runs on the completing engine thread)
+        engine.post(work, op, fp, on_final=None if write is None else on_final, avg_divisor=avg_divisor, fill=fill,
+                    on_done=engine_done)
         return _POSTED
     try:
         kw = {"fill": fill} if fill is not None else {}
@@ -245,8 +242,7 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
 
 def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: float | None,
             scratch: _WorkBuffers, writer: ThreadPoolExecutor, on_phase: Callable[[str], None],
-            times: dict[str, float], done: Callable[[OpStats], None],
-            on_posted: Callable[[Any], None] | None) -> OpStats | None:
+            times: dict[str, float], done: Callable[[OpStats], None], post: bool) -> OpStats | None:
     engine_op, wdt, _ = wire_layout(plan.kind, plan.op, plan.dtype, plan.count)
     local_op = "sum" if plan.op == "avg" else plan.op
     views = plan.views
@@ -295,7 +291,7 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
         on_phase("tree")
         return _run_tree(engine, work, engine_op, fp, deadline_s, write if targets else None, writer, times,
                          done, avg_divisor=plan.world_size, fill=None if in_place else fill,
-                         local_reduce=lambda: sum(spent), on_posted=on_posted)
+                         local_reduce=lambda: sum(spent), post=post)
     chunks = _chunks(plan.count, wdt.itemsize, plan.chunk_bytes)
     on_phase("local_reduce")
     t0 = time.perf_counter()
@@ -315,8 +311,7 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
 
 def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: float | None,
                scratch: _WorkBuffers, writer: ThreadPoolExecutor, on_phase: Callable[[str], None],
-               times: dict[str, float], done: Callable[[OpStats], None],
-               on_posted: Callable[[Any], None] | None) -> OpStats | None:
+               times: dict[str, float], done: Callable[[OpStats], None], post: bool) -> OpStats | None:
     nbytes = plan.count * plan.dtype.itemsize
     raw = [v.view(np.uint8) for v in plan.views]
     root = plan.root_local
@@ -347,4 +342,4 @@ def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s:
         copy_into([r[lo:hi] for r in targets], wbytes[lo:hi])
 
     on_phase("tree")
-    return _run_tree(engine, work, "sum", fp, deadline_s, write, writer, times, done, on_posted=on_posted)
+    return _run_tree(engine, work, "sum", fp, deadline_s, write, writer, times, done, post=post)

@@ -33,7 +33,7 @@ def test_a_stream_of_ops_completing_inside_their_post_runs_flat_and_in_order() -
         # and its completion claims the next op, as release() does
         ran.append(seq)
         depth.append(len(_stack()))
-        comm._posted = (seq, object(), 1.0, 0.0)
+        comm._posted = (seq, 1.0, 0.0)
         comm.next_seq = seq + 1
         comm._posted = None
         if seq + 1 < total:
@@ -51,7 +51,7 @@ def test_a_posted_op_still_in_flight_keeps_the_communicator_busy() -> None:
     comm = _bare_comm()
 
     def run_op(seq: int, subs: dict, *, chain: bool = False) -> None:
-        comm._posted = (seq, object(), 1.0, 0.0)  # posted; completes later on another thread
+        comm._posted = (seq, 1.0, 0.0)  # posted; completes later on another thread
         return None
 
     comm._run_op = run_op  # type: ignore[method-assign]
