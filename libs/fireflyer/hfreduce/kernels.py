@@ -759,8 +759,9 @@ def _reduce_small(out: object, inputs: object, op: object) -> bool:
     # out may be any input: accumulate apart from it, then store once (as the kernels do)
     acc = inputs[0].copy() if aliased or len(inputs) == 1 else np.copyto(out, inputs[0]) or out
     if op == "sum":
-        for x in inputs[1:]:
-            np.add(acc, x, out=acc)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf and inf - inf are results, as in the kernels
+            for x in inputs[1:]:
+                np.add(acc, x, out=acc)
     else:
         for x in inputs[1:]:
             keep = np.greater(acc, x) if op == "max" else np.less(acc, x)

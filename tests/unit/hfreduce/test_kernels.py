@@ -382,3 +382,13 @@ def test_small_path_leaves_odd_calls_to_the_kernels() -> None:
     assert not kernels._reduce_small(np.zeros(kernels.SMALL_ELEMS + 1, F32), [np.zeros(kernels.SMALL_ELEMS + 1, F32)],
                                      "sum")
     assert kernels._reduce_small(a, [np.ones(8, F32)], "sum") and (a == 1).all()
+
+
+def test_small_path_is_as_quiet_as_the_kernels_on_overflow_and_inf_minus_inf() -> None:
+    import warnings
+
+    out = np.empty(2, F32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's RuntimeWarning would reach the worker's log per op
+        reduce_into(out, [np.array([3e38, np.inf], F32), np.array([3e38, -np.inf], F32)], "sum")
+    assert out[0] == np.inf and np.isnan(out[1])
