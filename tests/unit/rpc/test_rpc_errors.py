@@ -18,6 +18,7 @@ from fireflyer.rpc import (
     status_for_error,
 )
 from fireflyer.rpc.errors import decode_error_details, encode_error_details, internal_error
+from fireflyer.testing.poll import wait_for
 
 ADMIN_TOKEN = "admin-token-for-tests"  # as in conftest.py
 
@@ -152,12 +153,18 @@ async def test_not_found_keeps_its_fields(server: RpcServer, dial) -> None:
 async def test_unexpected_exception_is_internal_and_logged(server: RpcServer, dial,
                                                            caplog: pytest.LogCaptureFixture) -> None:
     stub = echo_pb2_grpc.EchoServiceStub(dial(server.address, token=ADMIN_TOKEN))
+
+    def records(event: str) -> list[logging.LogRecord]:
+        return [r for r in caplog.records if getattr(r, "ff_event", "") == event]
+
     with caplog.at_level(logging.INFO, logger="fireflyer.rpc"):
         with pytest.raises(ff.Internal) as info:
             await stub.Fail(echo_pb2.FailRequest(kind="ZeroDivisionError"))
+        # the server writes its access-log line once the call has ended, which the client may see first
+        await wait_for(lambda: records("rpc.call"), timeout_s=5, what="the server's rpc.call log line")
     assert "/ff.echo.v1.EchoService/Fail" in str(info.value) and "ZeroDivisionError" in str(info.value)
-    logged = [r for r in caplog.records if getattr(r, "ff_event", "") == "rpc.unexpected_error"]
+    logged = records("rpc.unexpected_error")
     assert logged and logged[0].exc_info and logged[0].exc_info[0] is ZeroDivisionError
-    calls = [r.ff_fields for r in caplog.records if getattr(r, "ff_event", "") == "rpc.call"]
+    calls = [r.ff_fields for r in records("rpc.call")]  # type: ignore[attr-defined]
     assert calls[-1]["method"] == "/ff.echo.v1.EchoService/Fail"
     assert (calls[-1]["user"], calls[-1]["code"]) == ("root", "INTERNAL") and calls[-1]["ms"] >= 0
