@@ -372,12 +372,11 @@ class NodeEngine(Pipeline):
                     if self._parent[t] is None:
                         for lk in self._children[t]:
                             self._down_step(st, lk, 0)
-        except (_Failed, HFReduceError) as e:
-            if isinstance(e, HFReduceError) and e is not self._failure:
+        except _Failed:
+            raise self._reraise(fp) from None
+        except HFReduceError as e:
+            if e is not self._failure:
                 self._fail(e)  # found by an inline step on this thread: abort the others too
-            with self._mu:
-                if self._op is st:
-                    self._in_op = False
             raise self._reraise(fp) from None
         return st
 
@@ -413,7 +412,7 @@ class NodeEngine(Pipeline):
     def _check_call(self, work: np.ndarray, op: str, fp: Fingerprint) -> None:
         if not self._started:
             raise InvalidArgument("call start() before allreduce()")
-        if self._failure is not None:
+        if self._failure is not None:  # first: a failed op may leave _in_op set, and this is the news
             raise self._reraise(fp)
         if self._in_op:
             raise InvalidArgument("one allreduce at a time per engine")

@@ -416,7 +416,7 @@ class NodeComm:
         # a small op is posted, not waited for: the thread that completes it releases the ranks and
         # ends it (_finish), and this one goes back at once to reading its rank (or, the op thread,
         # to keeping deadlines); with tracing on it waits, so that the op's span covers it
-        post = self._postable(s0)
+        post = self._postable(s0, dtype)
 
         def release(stats: OpStats | None, times: dict[str, float]) -> None:
             """The result is in every rank's buffer: tell the ranks (on the thread that finished it)."""
@@ -488,14 +488,15 @@ class NodeComm:
         return (len(arrived) == self.K and seq == self.next_seq and self.ready and not self.busy
                 and not self.closing and self.error is None and _nbytes(arrived[min(arrived)][0]) <= FAST_OP_BYTES)
 
-    def _postable(self, sub: Submit) -> bool:
-        """Would op ``sub`` be posted (not waited for)? (See _run_op.)"""
+    def _postable(self, sub: Submit, dtype: np.dtype | None = None) -> bool:
+        """Would op ``sub`` (of ``dtype``, if already known) be posted, not waited for? (See _run_op.)"""
         if self.worker.tracing or self.engine is None:
             return False
-        try:
-            dtype = kernels.dtype_from_name(sub.dtype) if sub.kind != "barrier" else _I32
-        except FireFlyerError:
-            return False  # it fails on its dtype wherever it runs
+        if dtype is None:
+            try:
+                dtype = kernels.dtype_from_name(sub.dtype) if sub.kind != "barrier" else _I32
+            except FireFlyerError:
+                return False  # it fails on its dtype wherever it runs
         return may_post(sub.kind, sub.op, dtype, sub.count, self.engine)
 
     def _check_fingerprints(self, seq: int, subs: list[Submit]) -> None:
