@@ -101,12 +101,27 @@ class ServiceProcess:
                           log_path=self.log_path)
         return self
 
+    #: how often a service that lost its port to another process is restarted on a fresh one
+    PORT_RETRIES = 3
+
     async def wait_healthy(self, timeout_s: float = 20.0) -> None:
+        """Wait until the service answers health checks as SERVING.
+
+        The port was free when it was picked, but another process can bind it before the service
+        does (``free_ports``); a service that exits because of that is started again on a fresh
+        port (``address`` changes), up to :attr:`PORT_RETRIES` times.
+        """
         from fireflyer.core.errors import Unavailable
         from fireflyer.rpc import check_health
 
+        retries = [self.PORT_RETRIES]
+
         async def serving() -> bool:
             if self.returncode is not None:
+                if retries[0] > 0 and self._lost_its_port():
+                    retries[0] -= 1
+                    self._restart_on_a_fresh_port()
+                    return False
                 raise RuntimeError(f"{self.instance} exited with {self.returncode} during start:\n{self.log()}")
             try:
                 return await check_health(self.address, timeout_s=1.0) == "SERVING"
@@ -114,6 +129,17 @@ class ServiceProcess:
                 return False
 
         await wait_for(serving, timeout_s=timeout_s, interval_s=0.05, what=f"{self.instance} serving")
+
+    def _lost_its_port(self) -> bool:
+        return self.env.get("FF_RPC_PORT") == str(self.port) and f"cannot listen on 127.0.0.1:{self.port}" in self.log()
+
+    def _restart_on_a_fresh_port(self) -> None:
+        from fireflyer.cluster.procs import free_ports
+
+        self.port = free_ports(1)[0]
+        self.address = f"127.0.0.1:{self.port}"
+        self.env["FF_RPC_PORT"] = str(self.port)
+        self.start()
 
     @property
     def pid(self) -> int:

@@ -147,3 +147,24 @@ async def test_malformed_nats_message_does_not_kill_the_service(echo, tokens, na
     assert "bus.malformed" in echo.log()
     assert echo.returncode is None and await check_health(echo.address) == "SERVING"
     await bus.close()
+
+
+async def test_a_service_whose_port_was_taken_meanwhile_starts_again_on_a_fresh_one(tmp_path, nats_server, tokens):
+    """free_ports can only pick a port that is free *now*; another process may bind it before the
+    service does. wait_healthy then restarts the service on a fresh port instead of failing the test."""
+    import socket as _socket
+
+    svc = ServiceProcess(ECHO, state_dir=tmp_path, nats_url=nats_server.url, tokens_file=tokens.path,
+                         instance="echo-taken")
+    thief = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    thief.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+    thief.bind(("127.0.0.1", svc.port))
+    thief.listen(1)
+    taken = svc.port
+    try:
+        svc.start()
+        await svc.wait_healthy(30.0)
+        assert svc.port != taken and await check_health(svc.address, timeout_s=2.0) == "SERVING"
+    finally:
+        thief.close()
+        svc.stop()
