@@ -13,6 +13,10 @@ program runs unchanged).  Output lines are prefixed ``[rank R]``.  The exit code
 is the first non-zero exit code of a rank (0 when all succeed); on any failure,
 or Ctrl-C, every process it started is stopped.
 
+Each node's worker and ranks are bound to the node's own share of the CPUs
+(``--cpu-bind node``, the default), as they would be on separate machines;
+``--cpu-bind none`` leaves placement to the scheduler.
+
 When FF_COORD_ADDR is set (or a local cluster started by ``ff up`` runs a
 coord service under FF_STATE_DIR / ./.ff) the workers join through the
 coordination service instead: it assigns node ranks (by zone, then node
@@ -41,7 +45,7 @@ def _cmd(ns: argparse.Namespace) -> int:
     if ns.chunk_size is not None:
         parse_size(ns.chunk_size)  # fail here, naming the option, not in N workers
     opts = LaunchOptions(nodes=ns.nodes, local_ranks=ns.local_ranks, zones=parse_zones(ns.zones, ns.nodes),
-                         chunk_size=ns.chunk_size, timeout_s=ns.timeout_s, job_id=ns.job_id)
+                         chunk_size=ns.chunk_size, timeout_s=ns.timeout_s, job_id=ns.job_id, cpu_bind=ns.cpu_bind)
     return Launcher(opts, cmd, run_dir=ns.run_dir, grace_s=ns.grace, ready_timeout_s=ns.ready_timeout_s).run()
 
 
@@ -60,6 +64,9 @@ def register(subparsers: Any) -> None:
                    help="HFReduce pipeline chunk, e.g. 4M (default: the worker's)")
     p.add_argument("--timeout-s", type=float, default=None, metavar="S",
                    help="collective deadline of the workers in seconds (default: the worker's)")
+    p.add_argument("--cpu-bind", choices=["node", "none"], default="node",
+                   help="node: bind each node's worker and ranks to its own share of the CPUs, as on real "
+                        "nodes (default); none: leave placement to the scheduler")
     p.add_argument("--job-id", default=None, help="FF_JOB_ID of the ranks (default: generated)")
     p.add_argument("--run-dir", default=None, metavar="DIR",
                    help="where the node sockets live (default: a fresh temp dir, removed at the end)")

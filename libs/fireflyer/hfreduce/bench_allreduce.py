@@ -9,7 +9,11 @@ Per run, for every size:
   (zero-copy ``comm.empty`` buffers, warm-up, barrier, timed loop);
 - **Gloo** (``--vs gloo``): the same N*K ranks, without workers, in Gloo mode
   (``GLOO_SOCKET_IFNAME=lo``, ``OMP_NUM_THREADS=1``, a torch tensor of the same
-  dtype) -- the same total number of ranks, so the ratio is like for like;
+  dtype) -- the same ranks, so the ratio is like for like;
+- **placement** (``--cpu-bind``, default ``node``): both sides run under the same
+  launcher plan, so rank r of either side is bound to the CPU share of node
+  r // K (ours with that node's worker beside it), as ``ff launch`` binds; with
+  ``none`` the scheduler places both;
 - **the loopback bound** (nodes > 1, sizes >= 1 MiB): ``C`` is the aggregate
   throughput of ``nodes`` concurrent sender->receiver TCP pairs over loopback
   (raw ``sendall`` / ``recv_into``, threads in this process).  Any allreduce
@@ -78,7 +82,7 @@ def _torch_version() -> str | None:
 # -- running the ranks ---------------------------------------------------------------------------------------------
 
 def _run_ranks(mode: str, nodes: int, local_ranks: int, sizes: list[int], dtype: str, *, target_s: float,
-               chunk_size: str | None, timeout_s: float | None, deadline_s: float) -> RankResults:
+               chunk_size: str | None, timeout_s: float | None, deadline_s: float, cpu_bind: str = "node") -> RankResults:
     """Launch one job of the rank program; the size -> per-rank records it printed."""
     results: RankResults = {}
     lock = threading.Lock()
@@ -96,11 +100,12 @@ def _run_ranks(mode: str, nodes: int, local_ranks: int, sizes: list[int], dtype:
         env.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
     cmd = [sys.executable, "-m", _RANK_MODULE, "--mode", mode, "--sizes", ",".join(map(str, sizes)),
            "--dtype", dtype, "--target-s", f"{target_s:g}"]
-    if mode == "gloo":  # the same total number of ranks; Gloo needs no HFReduce workers
-        opts = LaunchOptions(nodes=1, local_ranks=nodes * local_ranks)
+    if mode == "gloo":  # the same ranks on the same CPUs (node by node); Gloo needs no HFReduce workers
+        opts = LaunchOptions(nodes=nodes, local_ranks=local_ranks, cpu_bind=cpu_bind)
         launcher = Launcher(opts, cmd, sink=sink, env=env, start_workers=False, deadline_s=deadline_s)
     else:
-        opts = LaunchOptions(nodes=nodes, local_ranks=local_ranks, chunk_size=chunk_size, timeout_s=timeout_s)
+        opts = LaunchOptions(nodes=nodes, local_ranks=local_ranks, chunk_size=chunk_size, timeout_s=timeout_s,
+                             cpu_bind=cpu_bind)
         launcher = Launcher(opts, cmd, sink=sink, env=env, deadline_s=deadline_s)
     rc = launcher.run()
     if rc != 0:
@@ -185,10 +190,11 @@ def _loopback_trial(pairs: int, size: int, target_bytes: float) -> float:
 
 def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "fp32", vs: str | None = None,
               target_s: float = 0.5, chunk_size: str | None = None, timeout_s: float | None = None,
-              deadline_s: float = 600.0, bound: bool = True) -> dict[str, Any]:
+              deadline_s: float = 600.0, bound: bool = True, cpu_bind: str = "node") -> dict[str, Any]:
     """Run everything for every size; the JSON object (see the module docs)."""
     world = nodes * local_ranks
-    kw = {"target_s": target_s, "chunk_size": chunk_size, "timeout_s": timeout_s, "deadline_s": deadline_s}
+    kw = {"target_s": target_s, "chunk_size": chunk_size, "timeout_s": timeout_s, "deadline_s": deadline_s,
+          "cpu_bind": cpu_bind}
     # the anchor is taken before and after the collectives and the best kept: it is a ceiling, and a
     # neighbour's burst on this shared machine only ever lowers it
     anchor_sizes = sorted({s for s in sizes if s >= _MIN_BOUND_BYTES}) if bound and nodes > 1 else []
@@ -224,6 +230,7 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
     return {
         "bench": "allreduce",
         "nodes": nodes, "local_ranks": local_ranks, "world_size": world, "dtype": dtype, "vs": vs,
+        "cpu_bind": cpu_bind,
         "definitions": "algbw = bytes/time; busbw = algbw*2(n-1)/n (nccl-tests), n = total ranks; GB = 1e9 B; "
                        "bound = C/(2(nodes-1)), C = aggregate loopback TCP throughput of `nodes` concurrent pairs",
         "results": entries,
@@ -265,7 +272,8 @@ def markdown_table(result: dict[str, Any]) -> str:
     """The table as GitHub markdown (for the README), with the run's shape and anchors in a caption."""
     head, rows = table_rows(result)
     lines = [f"{result['nodes']} nodes x {result['local_ranks']} local ranks ({result['world_size']} ranks), "
-             f"{result['dtype']}, {result['cpu_count']} CPUs, torch {result['torch_version']}, "
+             f"{result['dtype']}, {result['cpu_count']} CPUs, cpu-bind {result.get('cpu_bind', 'none')}, "
+             f"torch {result['torch_version']}, "
              f"git {str(result['git_sha'])[:10]}", "",
              "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -278,7 +286,8 @@ def _print_table(result: dict[str, Any]) -> None:
 
     head, rows = table_rows(result)
     title = (f"allreduce {result['dtype']}: {result['nodes']} nodes x {result['local_ranks']} local ranks "
-             f"({result['world_size']} ranks)" + (" vs Gloo, same ranks" if result["vs"] else ""))
+             f"({result['world_size']} ranks)" + (" vs Gloo, same ranks" if result["vs"] else "")
+             + f", cpu-bind {result.get('cpu_bind', 'none')}")
     table = Table(title=title)
     for h in head:
         table.add_column(h, justify="right")
@@ -306,13 +315,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk-size", default=None, help="HFReduce pipeline chunk (default: the worker's)")
     p.add_argument("--timeout-s", type=float, default=60.0, help="collective deadline of the workers (default 60)")
     p.add_argument("--no-bound", action="store_true", help="skip the loopback-bound anchor")
+    p.add_argument("--cpu-bind", choices=["node", "none"], default="node",
+                   help="placement of both sides' ranks (and our workers), as ff launch --cpu-bind (default node)")
     p.add_argument("--markdown", action="store_true", help="print the table as GitHub markdown (for the README)")
     ns = p.parse_args(argv)
     try:
         sizes = [parse_size(s) for s in ns.sizes.split(",")]
         result = run_bench(nodes=ns.nodes, local_ranks=ns.local_ranks, sizes=sizes, dtype=ns.dtype, vs=ns.vs,
                            target_s=ns.target_s, chunk_size=ns.chunk_size, timeout_s=ns.timeout_s,
-                           bound=not ns.no_bound)
+                           bound=not ns.no_bound, cpu_bind=ns.cpu_bind)
     except FireFlyerError as e:
         print(f"ff bench allreduce: {e}", file=sys.stderr)
         return 1

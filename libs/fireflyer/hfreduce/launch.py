@@ -42,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -223,7 +223,8 @@ class Launcher:
         coord = self.env.get("FF_COORD_ADDR") if self.start_workers else None
         return make_plan(self.opts, run_dir=run_dir, ports=ports, master_port=master_port, job_id=job_id,
                          token=secrets.token_hex(16), base_env=self.env, worker_prefix=self.worker_prefix,
-                         coord_addr=coord or None, restart_count=int(self.env.get("FF_RESTART_COUNT") or 0))
+                         coord_addr=coord or None, restart_count=int(self.env.get("FF_RESTART_COUNT") or 0),
+                         cpus=_allowed_cpus())
 
     def _coord_ranks(self) -> dict[int, int]:
         """Planned node index -> the node rank coord gave that worker (``node=R`` of its ready line)."""
@@ -242,7 +243,7 @@ class Launcher:
         env = dict(self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         for node in plan.nodes:
-            child = _Child(f"worker {node.node_rank}", self._popen(node.argv, env, merge_stderr=True))
+            child = _Child(f"worker {node.node_rank}", self._popen(node.argv, env, merge_stderr=True, cpus=node.cpus))
             self.workers.append(child)
             assert child.popen.stdout is not None
             child.read(child.popen.stdout, "stderr", self.sink, ready_prefix=READY_PREFIX)
@@ -268,9 +269,10 @@ class Launcher:
     # -- ranks ---------------------------------------------------------------------------------------------------
 
     def _start_ranks(self, plan: LaunchPlan) -> None:
+        cpus = {n.node_rank: n.cpus for n in plan.nodes}  # (a rank runs beside its node's worker)
         for r in plan.ranks:
             try:
-                popen = self._popen(self.cmd, r.env, merge_stderr=False)
+                popen = self._popen(self.cmd, r.env, merge_stderr=False, cpus=cpus.get(r.node_rank))
             except OSError as e:
                 raise InvalidArgument(f"cannot start rank {r.rank}: {self.cmd[0]}: {e.strerror or e}",
                                       rank=r.rank, command=self.cmd[0]) from e
@@ -313,10 +315,18 @@ class Launcher:
     # -- processes -----------------------------------------------------------------------------------------------
 
     @staticmethod
-    def _popen(argv: Sequence[str], env: dict[str, str], *, merge_stderr: bool) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-                                start_new_session=True, close_fds=True)
+    def _popen(argv: Sequence[str], env: dict[str, str], *, merge_stderr: bool,
+               cpus: Sequence[int] | None = None) -> subprocess.Popen[bytes]:
+        """Start a child; with ``cpus``, bound to them from its first instruction.
+
+        The affinity is set on this thread just around the fork (a child inherits its
+        parent thread's mask, and the kernel applies it per thread), so no thread of the
+        child ever runs elsewhere and no unsafe ``preexec_fn`` is needed.
+        """
+        with _bound(cpus):
+            return subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                                    start_new_session=True, close_fds=True)
 
     def _stop_all(self) -> None:
         """Ranks first, then workers (phase 1); SIGTERM, SIGKILL after the grace; then drain the pipes."""
@@ -355,6 +365,28 @@ class Launcher:
                 signal.signal(sig, h)
 
         return restore
+
+
+def _allowed_cpus() -> list[int]:
+    """The CPUs this process may run on (empty where the platform cannot say or bind)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return []
+
+
+@contextlib.contextmanager
+def _bound(cpus: Sequence[int] | None) -> Iterator[None]:
+    """Run the block with this thread bound to ``cpus`` (nothing when None), then restore its mask."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _session_members(sids: set[int]) -> list[int]:

@@ -41,6 +41,7 @@ STAND_IN = textwrap.dedent("""
         print(f"hfreduce worker ready node={me} socket={a.socket} listen={a.peers.split(',')[a.node_rank]}",
               flush=True)
     print(f"pid={os.getpid()}", flush=True)
+    print(f"cpus={sorted(os.sched_getaffinity(0))}", flush=True)
     if os.environ.get("STANDIN_DIE_NODE") == me:
         time.sleep(0.5)
         print("engine crashed", flush=True)
@@ -111,7 +112,8 @@ def make(stand_in: list[str], code: str, *, nodes: int = 2, local: int = 2, env:
          **kw) -> tuple[Launcher, Lines]:  # type: ignore[no-untyped-def]
     lines = Lines()
     full_env = dict(os.environ, **(env or {}))
-    la = Launcher(LaunchOptions(nodes=nodes, local_ranks=local), [sys.executable, "-c", code], sink=lines,
+    opts = LaunchOptions(nodes=nodes, local_ranks=local, cpu_bind=kw.pop("cpu_bind", "node"))
+    la = Launcher(opts, [sys.executable, "-c", code], sink=lines,
                   env=full_env, worker_prefix=stand_in, grace_s=kw.pop("grace_s", 2.0), handle_signals=False, **kw)
     _STARTED.append(la)
     return la, lines
@@ -128,9 +130,32 @@ def test_all_ranks_succeed_output_prefixed_workers_stopped(stand_in: list[str]) 
         assert lines.of(f"rank {r}", "stderr") == [f"err {r}"]
     # workers got SIGTERM and exited 0 (the stand-in's SIGTERM handler), after every rank finished
     assert [w.popen.returncode for w in la.workers] == [0, 0]
-    assert all(ln.startswith("pid=") for ln in lines.of("worker 0"))
+    assert [ln for ln in lines.of("worker 0") if ln.startswith("pid=")]
     assert_nothing_left(la.pids)
     assert la.plan is not None and not Path(la.plan.run_dir).exists()  # temp run dir removed
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="binding needs at least two CPUs to split")
+def test_each_node_runs_on_its_own_cpu_share(stand_in: list[str]) -> None:
+    from fireflyer.hfreduce.launch_plan import node_cpus
+
+    code = "import os; print('cpus', sorted(os.sched_getaffinity(0)))"
+    mine = os.sched_getaffinity(0)
+    la, lines = make(stand_in, code + "; import time; time.sleep(0.3)")
+    assert la.run() == 0
+    shares = node_cpus(2, sorted(mine))
+    assert shares[0] and shares[1] and not set(shares[0]) & set(shares[1])
+    for r in range(4):  # every rank beside its node's worker
+        assert lines.of(f"rank {r}", "stdout") == [f"cpus {list(shares[r // 2])}"]  # type: ignore[arg-type]
+    for n in range(2):
+        assert f"cpus={list(shares[n])}" in lines.of(f"worker {n}")  # type: ignore[arg-type]
+    # the launcher's own mask is back as it was (it is only narrowed around each fork)
+    assert os.sched_getaffinity(0) == mine
+    assert la.plan is not None and [n.cpus for n in la.plan.nodes] == shares
+    la2, lines2 = make(stand_in, code, nodes=2, local=1, cpu_bind="none")
+    assert la2.run() == 0
+    every = sorted(os.sched_getaffinity(0))
+    assert lines2.of("rank 0", "stdout") == lines2.of("rank 1", "stdout") == [f"cpus {every}"]
 
 
 def test_first_nonzero_exit_code_stops_everything(stand_in: list[str]) -> None:

@@ -16,6 +16,7 @@ from fireflyer.hfreduce.launch_plan import (
     coord_note,
     make_plan,
     node_address,
+    node_cpus,
     parse_size,
     parse_zones,
 )
@@ -23,10 +24,11 @@ from fireflyer.hfreduce.launch_plan import (
 
 def plan(nodes: int = 2, local: int = 3, **kw):  # type: ignore[no-untyped-def]
     opts = LaunchOptions(nodes=nodes, local_ranks=local, **{k: v for k, v in kw.items() if k in
-                                                            ("zones", "chunk_size", "timeout_s", "job_id")})
+                                                            ("zones", "chunk_size", "timeout_s", "job_id",
+                                                                             "cpu_bind")})
     return make_plan(opts, run_dir="/tmp/ffrun", ports=[5000 + i for i in range(nodes)], master_port=4999,
                      job_id="job-gen", token=kw.get("token"), base_env=kw.get("base_env", {"FF_NATS_URL": "nats://x"}),
-                     worker_prefix=kw.get("worker_prefix"))
+                     worker_prefix=kw.get("worker_prefix"), cpus=kw.get("cpus", ()))
 
 
 def arg(argv: tuple[str, ...], flag: str) -> str:
@@ -103,10 +105,40 @@ def test_zone_count_must_match_nodes() -> None:
 @pytest.mark.parametrize("kw, match", [
     ({"nodes": 0}, "--nodes"), ({"nodes": 255}, "--nodes"), ({"local": 0}, "--local-ranks"),
     ({"chunk_size": "lots"}, "not a size"), ({"chunk_size": "0"}, "positive"), ({"timeout_s": 0.0}, "positive"),
+    ({"cpu_bind": "socket"}, "--cpu-bind must be one of node, none"),
 ])
 def test_bad_options_are_rejected(kw: dict, match: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(InvalidArgument, match=match):
         plan(**kw)
+
+
+def test_node_cpus_split_the_allowed_cpus_without_sharing_until_they_run_out() -> None:
+    assert node_cpus(2, [0, 1]) == [(0,), (1,)]
+    # contiguous shares, sizes differing by at most one; the order of the mask does not matter
+    assert node_cpus(3, [7, 0, 1, 2, 3, 4, 5, 6]) == [(0, 1, 2), (3, 4, 5), (6, 7)]
+    assert node_cpus(2, [2, 3, 8, 9, 10]) == [(2, 3, 8), (9, 10)]
+    # more nodes than CPUs: round robin, one CPU per node
+    assert node_cpus(5, [0, 1]) == [(0,), (1,), (0,), (1,), (0,)]
+    # nothing to split: no binding
+    assert node_cpus(1, [0, 1, 2, 3]) == [None] and node_cpus(3, [5]) == [None, None, None]
+    for n in range(1, 20):
+        for ncpu in range(1, 12):
+            shares = node_cpus(n, list(range(ncpu)))
+            assert len(shares) == n
+            if n == 1 or ncpu == 1:
+                continue
+            assert all(s for s in shares)
+            if n <= ncpu:  # a partition of every allowed CPU
+                flat = [c for s in shares for c in s]  # type: ignore[union-attr]
+                assert sorted(flat) == list(range(ncpu)) and len(set(flat)) == ncpu
+                assert max(map(len, shares)) - min(map(len, shares)) <= 1  # type: ignore[arg-type]
+
+
+def test_plan_binds_nodes_only_when_asked_and_given_cpus() -> None:
+    bound = plan(2, 1, cpus=[0, 1])
+    assert [n.cpus for n in bound.nodes] == [(0,), (1,)]
+    assert [n.cpus for n in plan(2, 1, cpus=[0, 1], cpu_bind="none").nodes] == [None, None]
+    assert [n.cpus for n in plan(2, 1).nodes] == [None, None]  # the platform could not say
 
 
 def test_socket_path_too_long_is_a_clear_error() -> None:
