@@ -76,6 +76,12 @@ def divide_inplace(x: np.ndarray, d: int) -> None:
 class OpState:
     """Progress of one collective on this node (fields change under the engine lock)."""
 
+    # (slots: an op is built and read on every small allreduce, so its attribute traffic counts)
+    __slots__ = ("k", "fp", "wire_fp", "work", "wbytes", "isz", "redop", "avg_divisor", "on_final", "fill",
+                 "layouts", "filled", "up_done", "final", "up_sending", "inline", "claimed", "exchange", "xsent",
+                 "xclaimed", "status_sent", "remaining", "complete", "result", "on_done", "t0", "started_at",
+                 "up_end", "down_end", "sent_b", "recv_b", "io_s")
+
     def __init__(self, k: int, fp: Fingerprint, work: np.ndarray, redop: str, avg_divisor: int,
                  on_final: Callable[[int, int], None] | None, chunk_bytes: int, nlinks: int,
                  child_links_per_tree: tuple[int, int], *, inline: bool = False, exchange: bool = False) -> None:
@@ -98,9 +104,10 @@ class OpState:
         else:
             self.layouts = tuple(  # type: ignore[assignment]
                 Layout(a, b, per, max(1, -(-(b - a) // per))) for a, b in split_halves(count))
+        n0, n1 = self.layouts[0].nchunks, self.layouts[1].nchunks
         #: chunks of each tree whose local partial is in ``work`` (the fill thread's progress;
         #: without ``fill`` the caller's buffer already holds it all)
-        self.filled = [lay.nchunks for lay in self.layouts]
+        self.filled = [n0, n1]
         #: chunks the up thread finished (sent up, or final at the root), per tree
         self.up_done = [0, 0]
         #: chunks final on this node, per tree (a prefix: chunks finish in order)
@@ -116,11 +123,11 @@ class OpState:
         self.xsent = False
         self.xclaimed = False
         self.status_sent = False
-        # completion: every chunk final, every down send done, the up stream of each tree through
-        self.remaining = sum(lay.nchunks + (lay.nchunks > 0) for lay in self.layouts) + sum(
-            n * lay.nchunks for n, lay in zip(child_links_per_tree, self.layouts, strict=True))
         if self.exchange:  # our up step (sent, or reduced at the root) and the final chunk; no down send
             self.remaining = 2
+        else:  # completion: every chunk final, every down send done, the up stream of each tree through
+            c0, c1 = child_links_per_tree
+            self.remaining = n0 + (n0 > 0) + n1 + (n1 > 0) + c0 * n0 + c1 * n1
         #: every step ran and ``on_done`` returned (set by the thread that ran the last step)
         self.complete = False
         #: the op's telemetry, computed by that thread

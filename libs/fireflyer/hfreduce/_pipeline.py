@@ -29,9 +29,7 @@ child's own call.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -56,6 +54,26 @@ UP, DOWN, WAIT, ABORT, XCHG = "hfr.up", "hfr.down", "hfr.wait", "hfr.abort", "hf
 
 class _Failed(Exception):
     """A step found the engine failed (the failure is already recorded)."""
+
+
+class _StepFailures:
+    """:meth:`Pipeline._step_failures` (a class, not a generator: it wraps every small op's step)."""
+
+    __slots__ = ("engine",)
+
+    def __init__(self, engine: NodeEngine) -> None:
+        self.engine = engine
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: object) -> bool:
+        if e is None or isinstance(e, _Failed):
+            return True
+        if isinstance(e, HFReduceError):
+            self.engine._fail(e)
+            return True
+        return False
 
 
 class Pipeline:
@@ -367,16 +385,10 @@ class Pipeline:
                 for lk in self._children[t]:
                     self._down_step(st, lk, 0)
 
-    @contextlib.contextmanager
-    def _step_failures(self: NodeEngine) -> Iterator[None]:
+    def _step_failures(self: NodeEngine) -> _StepFailures:
         """Around an inline step on a reader: its failure fails the engine here (its frame is
         consumed, so the reader must not discard those bytes again); ``_Failed`` is recorded already."""
-        try:
-            yield
-        except _Failed:
-            pass
-        except HFReduceError as e:
-            self._fail(e)
+        return _StepFailures(self)
 
     # ------------------------------------------------------------------ readers
 

@@ -123,12 +123,17 @@ class Work:
         self.record: OpRecord | None = None
         self._finish = finish
         self._timeout_s = timeout_s
-        self._event = threading.Event()
+        # a flag, not a threading.Event: nobody blocks on it (waiters drive _progress, which polls
+        # the socket), and an Event costs a Condition and a lock per op
+        self._done = False
         self._error: BaseException | None = None
         self.head_since = time.monotonic()
 
+    def _is_done(self) -> bool:
+        return self._done
+
     def _resolve(self, record: OpRecord | None, error: BaseException | None) -> None:
-        if self._event.is_set():
+        if self._done:
             return
         self.record = record
         if error is None and self._finish is not None:
@@ -137,23 +142,22 @@ class Work:
             except BaseException as e:  # noqa: BLE001 - reported to the waiter
                 error = e
         self._error = error
-        self._event.set()
+        self._done = True
 
     def is_completed(self) -> bool:
-        if not self._event.is_set():
-            self.comm._progress(0.0, self._event.is_set)
-        return self._event.is_set()
+        if not self._done:
+            self.comm._progress(0.0, self._is_done)
+        return self._done
 
     def exception(self) -> BaseException | None:
-        return self._error if self._event.is_set() else None
+        return self._error if self._done else None
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until done (or ``timeout`` s: TimeoutError, the op stays pending); raise its error."""
         end = None if timeout is None else time.monotonic() + timeout
-        while not self._event.is_set():
-            self.comm._progress(_STEP_S if end is None else min(_STEP_S, end - time.monotonic()),
-                                self._event.is_set)
-            if self._event.is_set():
+        while not self._done:
+            self.comm._progress(_STEP_S if end is None else min(_STEP_S, end - time.monotonic()), self._is_done)
+            if self._done:
                 break
             now = time.monotonic()
             if self.comm._head() is self and now > self.head_since + self._timeout_s + GRACE_S:
@@ -391,7 +395,7 @@ class Communicator:
     def _find_segment(self, arr: np.ndarray) -> tuple[int, int] | None:
         if not arr.flags.c_contiguous or arr.size == 0:
             return None
-        addr = int(arr.ctypes.data)
+        addr = arr.__array_interface__["data"][0]  # (arr.ctypes.data builds a ctypes object: ~2 us)
         with self._lock:
             for seg_id, seg in self._user_segments.items():
                 if seg.contains(addr, arr.nbytes):

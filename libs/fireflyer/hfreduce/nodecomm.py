@@ -25,10 +25,8 @@ generation builds a new one on the same listen address once the old one has clos
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -238,22 +236,10 @@ class NodeComm:
                     self.busy = False
                     self.cond.notify_all()
 
-    @contextlib.contextmanager
-    def _failing_on_error(self) -> Iterator[None]:
+    def _failing_on_error(self) -> _FailingOnError:
         """Turn an op-running thread's errors into a failed generation (every rank raises);
         ``_Stop`` (already failed) ends quietly, ``_Closing`` passes through."""
-        try:
-            yield
-        except _Stop:
-            pass
-        except FireFlyerError as e:
-            self.fail(e)
-        except _Closing:
-            raise
-        except Exception as e:  # a bug: fail loudly on every rank rather than hang them
-            log.exception("hfreduce.op_crashed", comm=self.key)
-            self.fail(HFReduceError(f"HFReduce worker of node {self.node_rank} failed: {type(e).__name__}: {e}",
-                                    node=self.node_rank))
+        return _FailingOnError(self)
 
     def fail(self, err: FireFlyerError) -> None:
         """Fail every pending and future op of this generation, here and (via the engine) on other nodes."""
@@ -540,6 +526,33 @@ class NodeComm:
 
 class _Stop(Exception):
     pass
+
+
+class _FailingOnError:
+    """:meth:`NodeComm._failing_on_error` (a class, not a generator: it wraps every small op twice)."""
+
+    __slots__ = ("comm",)
+
+    def __init__(self, comm: NodeComm) -> None:
+        self.comm = comm
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: object) -> bool:
+        if e is None or isinstance(e, _Stop):
+            return True
+        comm = self.comm
+        if isinstance(e, FireFlyerError):
+            comm.fail(e)
+            return True
+        if isinstance(e, _Closing) or not isinstance(e, Exception):
+            return False
+        # a bug: fail loudly on every rank rather than hang them
+        log.error("hfreduce.op_crashed", comm=comm.key, exc_info=(et, e, tb))
+        comm.fail(HFReduceError(f"HFReduce worker of node {comm.node_rank} failed: {type(e).__name__}: {e}",
+                                node=comm.node_rank))
+        return True
 
 
 class _Closing(Exception):
