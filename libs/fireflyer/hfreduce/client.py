@@ -215,6 +215,7 @@ class Communicator:
         self._seq = 0
         self._segments: dict[int, Segment] = {}
         self._user_segments: dict[int, Segment] = {}
+        self._last_found: tuple[weakref.ref[np.ndarray], int, int] | None = None
         self._next_seg = 0
         self._broken: FireFlyerError | None = None
         self._closed = False
@@ -360,7 +361,7 @@ class Communicator:
         """Where the worker finds x: (seg, offset, count, dtype, finish, release)."""
         writes_back = kind == "allreduce" or (kind == "reduce" and root == self.rank) or \
             (kind == "broadcast" and root != self.rank)
-        if is_cuda_array(x):
+        if type(x) is not np.ndarray and is_cuda_array(x):
             if self._cuda is None:
                 from .cuda import CudaStaging
 
@@ -372,7 +373,9 @@ class Communicator:
             self._cuda.to_host(dev, host)
             finish = (lambda: self._cuda.to_device(host, dev)) if writes_back else None
             return item[0], 0, dev.nbytes // dt.itemsize, kernels.dtype_name(dt), finish, lambda: self._staging.release(item)
-        if type(x).__module__.startswith("torch"):
+        if type(x) is np.ndarray:
+            arr = x
+        elif type(x).__module__.startswith("torch"):
             if x.device.type != "cpu":
                 raise InvalidArgument(f"unsupported torch device {x.device}")
             arr = _torch_cpu_view(x)
@@ -393,12 +396,18 @@ class Communicator:
         return item[0], 0, arr.size, kernels.dtype_name(dt), finish, lambda: self._staging.release(item)
 
     def _find_segment(self, arr: np.ndarray) -> tuple[int, int] | None:
+        # the same array op after op is the common case: remember the last one found (an array
+        # object never moves, and its segment stays registered for as long as the array lives)
+        last = self._last_found
+        if last is not None and last[0]() is arr:
+            return last[1], last[2]
         if not arr.flags.c_contiguous or arr.size == 0:
             return None
         addr = arr.__array_interface__["data"][0]  # (arr.ctypes.data builds a ctypes object: ~2 us)
         with self._lock:
             for seg_id, seg in self._user_segments.items():
                 if seg.contains(addr, arr.nbytes):
+                    self._last_found = (weakref.ref(arr), seg_id, addr - seg.address)
                     return seg_id, addr - seg.address
         return None
 

@@ -381,7 +381,7 @@ class NodeComm:
                 raise HFReduceError(f"{conn.label()} submitted op #{seq} on unknown segment {sub.seg}", seq=seq)
             views.append(seg.array(kernels.dtype_from_name(sub.dtype), sub.count, sub.offset))
         dtype = kernels.dtype_from_name(s0.dtype) if s0.kind != "barrier" else _I32
-        root_local = next((r for r, g in self.global_rank.items() if g == s0.root), None)
+        root_local = None if s0.root < 0 else next((r for r, g in self.global_rank.items() if g == s0.root), None)
         if s0.kind == "broadcast" and self.engine is None and root_local is None:
             raise HFReduceError(f"broadcast root {s0.root} is not a rank of this node", seq=seq)
         engine_op, wdt, wcount = wire_layout(s0.kind, s0.op, dtype, s0.count)

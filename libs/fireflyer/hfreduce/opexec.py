@@ -64,6 +64,8 @@ class OpPlan:
     ``targets`` are the local-rank indices whose buffers receive the result.
     """
 
+    __slots__ = ("kind", "op", "dtype", "count", "views", "world_size", "root_local", "chunk_bytes", "threads")
+
     def __init__(self, *, kind: str, op: str, dtype: np.dtype, count: int, views: Sequence[np.ndarray],
                  world_size: int, root_local: int | None, chunk_bytes: int, threads: int) -> None:
         self.kind = kind

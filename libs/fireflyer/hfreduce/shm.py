@@ -58,6 +58,9 @@ class Segment:
         self.base: np.ndarray | None = np.frombuffer(mm, dtype=np.uint8, count=nbytes)
         self.address = int(self.base.ctypes.data)
         self.unlinked = False
+        #: the last view :meth:`array` made, with its (dtype, count, offset): a rank usually
+        #: reduces the same buffer op after op, and a fresh view costs a few microseconds
+        self._last: tuple[np.dtype, int, int, np.ndarray] | None = None
 
     @classmethod
     def create(cls, nbytes: int) -> Segment:
@@ -92,13 +95,18 @@ class Segment:
 
     def array(self, dtype: np.dtype, count: int, offset: int = 0) -> np.ndarray:
         """A 1-D view of ``count`` elements of ``dtype`` at byte ``offset``."""
+        last = self._last
+        if last is not None and last[0] is dtype and last[1] == count and last[2] == offset:
+            return last[3]
         if self.base is None:
             raise ValueError(f"segment {self.name} is closed")
         dt = np.dtype(dtype)
         end = offset + count * dt.itemsize
         if offset < 0 or end > self.nbytes:
             raise ValueError(f"range [{offset}, {end}) outside segment {self.name} of {self.nbytes} bytes")
-        return self.base[offset:end].view(dt)
+        view = self.base[offset:end].view(dt)
+        self._last = (dtype, count, offset, view)
+        return view
 
     def contains(self, address: int, nbytes: int) -> bool:
         return self.base is not None and self.address <= address and address + nbytes <= self.address + self.nbytes
@@ -111,6 +119,7 @@ class Segment:
     def close(self) -> None:
         """Drop our mapping; views still alive keep it mapped until they die."""
         self.base = None
+        self._last = None
         mm, self._mm = self._mm, None
         if mm is not None:
             try:

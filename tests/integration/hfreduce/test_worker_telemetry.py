@@ -165,6 +165,47 @@ def test_ranks_read_their_replies_on_the_waiting_thread_and_polling_alone_comple
         w.stop()
 
 
+def test_ops_on_alternating_buffers_and_views_find_their_own_bytes() -> None:
+    """The rank remembers the buffer it found last, and the worker its last view of a segment:
+    switching buffers, views of one buffer and dtypes op after op must never reuse a stale one."""
+    sock = tempfile.mktemp(prefix="hfr", suffix=".sock", dir="/tmp")
+    w = Worker(node_rank=0, nnodes=1, local_world_size=2, socket_path=sock, settings=WorkerSettings())
+    w.start()
+    try:
+        comms = _ranks(sock, "alternate", k=2)
+        bufs = [[c.zeros(16, np.float32), c.zeros(16, np.float32), c.zeros(16, np.int32)] for c in comms]
+        errors: list[BaseException] = []
+
+        def run(i: int) -> None:
+            try:
+                a, b, n = bufs[i]
+                for step in range(30):
+                    a[:], b[:], n[:] = step + i, 100 + step + i, 1000 + step + i
+                    x = (a, b, a[4:], a[1:9], n)[step % 5]
+                    before = [a.copy(), b.copy(), n.copy()]
+                    comms[i].allreduce(x)
+                    want = before[[0, 1, 0, 0, 2][step % 5]]
+                    sl = [slice(None), slice(None), slice(4, None), slice(1, 9), slice(None)][step % 5]
+                    assert np.array_equal(x, (want[sl] - i) * 2 + 1), (i, step)  # rank 0 has v, rank 1 v + 1
+                    # nothing else changed
+                    for buf, old in zip((a, b, n), before, strict=True):
+                        if buf is not x and buf.base is not x.base:
+                            assert np.array_equal(buf, old), (i, step)
+            except BaseException as e:  # noqa: BLE001 - reported by the test thread
+                errors.append(e)
+
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        assert not errors, errors
+        for c in comms:
+            c.close()
+    finally:
+        w.stop()
+
+
 def test_ranks_closing_right_after_their_last_op_do_not_fail_it(caplog) -> None:
     """The ranks are released before the worker's bookkeeping of the op ends: a Bye that follows
     at once (from any rank) must find the op finished, not pending (which fails the communicator)."""

@@ -31,6 +31,28 @@ def test_shm_create_attach_share_then_unlink_leaves_nothing() -> None:
     b.close()
 
 
+def test_shm_array_reuses_the_last_view_only_for_the_same_request() -> None:
+    a = Segment.create(4096)
+    try:
+        f32, i32 = np.dtype(np.float32), np.dtype(np.int32)
+        x = a.array(f32, 8, 64)
+        assert a.array(f32, 8, 64) is x  # the same request: the same view
+        x[:] = 1.5
+        for other in (a.array(i32, 8, 64), a.array(f32, 4, 64), a.array(f32, 8, 96)):
+            assert other is not x
+        y = a.array(i32, 8, 64)  # a different dtype over the same bytes sees them as that dtype
+        assert y.dtype == i32 and np.array_equal(y, np.full(8, np.float32(1.5)).view(np.int32))
+        assert a.array(f32, 8, 96).ctypes.data == x.ctypes.data + 32
+        with pytest.raises(ValueError):  # a bad range is still refused, never served from the cache
+            a.array(f32, 4096, 0)
+        del x, y
+    finally:
+        a.unlink()
+        a.close()
+    with pytest.raises(ValueError, match="closed"):  # closing forgets the cached view too
+        a.array(np.dtype(np.float32), 8, 96)
+
+
 def test_shm_attach_checks_name_and_size() -> None:
     with pytest.raises(ValueError):
         Segment.attach("../etc/passwd", 10)
