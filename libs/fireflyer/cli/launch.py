@@ -14,7 +14,8 @@ is the first non-zero exit code of a rank (0 when all succeed); on any failure,
 or Ctrl-C, every process it started is stopped.
 
 Each node's worker and ranks are bound to the node's own share of the CPUs
-(``--cpu-bind node``, the default), as they would be on separate machines;
+(``--cpu-bind node``, the default), as they would be on separate machines,
+when there are at least as many CPUs as nodes;
 ``--cpu-bind none`` leaves placement to the scheduler.
 
 When FF_COORD_ADDR is set (or a local cluster started by ``ff up`` runs a
@@ -66,7 +67,8 @@ def register(subparsers: Any) -> None:
                    help="collective deadline of the workers in seconds (default: the worker's)")
     p.add_argument("--cpu-bind", choices=["node", "none"], default="node",
                    help="node: bind each node's worker and ranks to its own share of the CPUs, as on real "
-                        "nodes (default); none: leave placement to the scheduler")
+                        "nodes, when there are at least as many CPUs as nodes (default); none: leave "
+                        "placement to the scheduler")
     p.add_argument("--job-id", default=None, help="FF_JOB_ID of the ranks (default: generated)")
     p.add_argument("--run-dir", default=None, metavar="DIR",
                    help="where the node sockets live (default: a fresh temp dir, removed at the end)")

@@ -21,7 +21,8 @@ them.
 
 **CPU binding** (``cpu_bind="node"``, the default).  Real nodes do not share cores,
 so each simulated node gets a share of the CPUs the launcher may use
-(:func:`node_cpus`): its worker and its ranks are bound to it.  Without that the
+(:func:`node_cpus`): its worker and its ranks are bound to it (when there are at
+least as many CPUs as nodes; otherwise nodes share CPUs anyway and nothing is bound).  Without that the
 scheduler spreads one node's rank and worker over every core, and each hand-off
 between them (rank -> worker -> rank) is a cross-core wake-up; on a small VM that
 costs more than the work of a small allreduce.  ``"none"`` leaves placement to the
@@ -137,18 +138,16 @@ def parse_size(text: str) -> int:
 def node_cpus(nodes: int, allowed: Sequence[int]) -> list[tuple[int, ...] | None]:
     """Each node's CPU share, out of the CPUs ``allowed`` (the launcher's affinity).
 
-    Contiguous groups whose sizes differ by at most one when there are at least as
-    many CPUs as nodes; node ``i`` on CPU ``i mod ncpu`` otherwise (nodes share
-    CPUs, but each node's processes stay together).  None for every node when
-    there is nothing to split (one node, or one CPU).
+    Contiguous groups whose sizes differ by at most one.  None for every node (no
+    binding) when there is nothing to split (one node) or too little: with fewer
+    CPUs than nodes, nodes would have to share CPUs anyway, and a fixed pairing only
+    takes the balancing away from the scheduler.
     """
     cpus = sorted(set(allowed))
     if nodes < 1:
         raise InvalidArgument(f"need at least one node, got {nodes}", nodes=nodes)
-    if nodes == 1 or len(cpus) <= 1:
+    if nodes == 1 or nodes > len(cpus):
         return [None] * nodes
-    if nodes >= len(cpus):
-        return [(cpus[i % len(cpus)],) for i in range(nodes)]
     base, extra = divmod(len(cpus), nodes)
     out: list[tuple[int, ...] | None] = []
     start = 0

@@ -112,23 +112,21 @@ def test_bad_options_are_rejected(kw: dict, match: str) -> None:  # type: ignore
         plan(**kw)
 
 
-def test_node_cpus_split_the_allowed_cpus_without_sharing_until_they_run_out() -> None:
+def test_node_cpus_split_the_allowed_cpus_and_bind_nothing_when_nodes_outnumber_them() -> None:
     assert node_cpus(2, [0, 1]) == [(0,), (1,)]
     # contiguous shares, sizes differing by at most one; the order of the mask does not matter
     assert node_cpus(3, [7, 0, 1, 2, 3, 4, 5, 6]) == [(0, 1, 2), (3, 4, 5), (6, 7)]
     assert node_cpus(2, [2, 3, 8, 9, 10]) == [(2, 3, 8), (9, 10)]
-    # more nodes than CPUs: round robin, one CPU per node
-    assert node_cpus(5, [0, 1]) == [(0,), (1,), (0,), (1,), (0,)]
-    # nothing to split: no binding
-    assert node_cpus(1, [0, 1, 2, 3]) == [None] and node_cpus(3, [5]) == [None, None, None]
+    # more nodes than CPUs (they would share CPUs anyway), or nothing to split: no binding
+    assert node_cpus(5, [0, 1]) == [None] * 5 and node_cpus(3, [5]) == [None, None, None]
+    assert node_cpus(1, [0, 1, 2, 3]) == [None]
     for n in range(1, 20):
         for ncpu in range(1, 12):
             shares = node_cpus(n, list(range(ncpu)))
             assert len(shares) == n
-            if n == 1 or ncpu == 1:
-                continue
-            assert all(s for s in shares)
-            if n <= ncpu:  # a partition of every allowed CPU
+            if n == 1 or n > ncpu:
+                assert shares == [None] * n
+            else:  # a partition of every allowed CPU
                 flat = [c for s in shares for c in s]  # type: ignore[union-attr]
                 assert sorted(flat) == list(range(ncpu)) and len(set(flat)) == ncpu
                 assert max(map(len, shares)) - min(map(len, shares)) <= 1  # type: ignore[arg-type]
