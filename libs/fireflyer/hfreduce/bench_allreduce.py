@@ -45,7 +45,7 @@ from typing import Any
 from fireflyer.core.errors import FireFlyerError, Internal
 
 from .launch import Launcher, print_line
-from .launch_plan import LaunchOptions, parse_size
+from .launch_plan import LaunchOptions, node_cpus, parse_size
 
 __all__ = ["main", "run_bench", "loopback_capacity", "busbw", "table_rows", "markdown_table", "RankResults"]
 
@@ -112,6 +112,11 @@ def _run_ranks(mode: str, nodes: int, local_ranks: int, sizes: list[int], dtype:
         raise Internal(f"the {mode} benchmark ranks failed (exit code {rc}); their output is above",
                        mode=mode, exit_code=rc)
     return results
+
+
+def placement(nodes: int, cpu_bind: str, allowed: list[int]) -> str:
+    """What the run's placement really was: ``node`` only if some node got CPUs of its own."""
+    return "node" if cpu_bind == "node" and any(node_cpus(nodes, allowed)) else "none"
 
 
 def _slowest(records: list[dict[str, Any]], world: int, mode: str, size: int) -> dict[str, Any]:
@@ -230,7 +235,7 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
     return {
         "bench": "allreduce",
         "nodes": nodes, "local_ranks": local_ranks, "world_size": world, "dtype": dtype, "vs": vs,
-        "cpu_bind": cpu_bind,
+        "cpu_bind": placement(nodes, cpu_bind, sorted(os.sched_getaffinity(0))),
         "definitions": "algbw = bytes/time; busbw = algbw*2(n-1)/n (nccl-tests), n = total ranks; GB = 1e9 B; "
                        "bound = C/(2(nodes-1)), C = aggregate loopback TCP throughput of `nodes` concurrent pairs",
         "results": entries,

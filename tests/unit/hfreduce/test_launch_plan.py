@@ -132,6 +132,14 @@ def test_node_cpus_split_the_allowed_cpus_and_bind_nothing_when_nodes_outnumber_
                 assert max(map(len, shares)) - min(map(len, shares)) <= 1  # type: ignore[arg-type]
 
 
+def test_bench_reports_the_placement_it_really_had() -> None:
+    from fireflyer.hfreduce.bench_allreduce import placement
+
+    assert placement(2, "node", [0, 1]) == "node"
+    assert placement(4, "node", [0, 1]) == "none"  # more nodes than CPUs: nothing was bound
+    assert placement(2, "none", [0, 1]) == "none" and placement(1, "node", [0, 1]) == "none"
+
+
 def test_plan_binds_nodes_only_when_asked_and_given_cpus() -> None:
     bound = plan(2, 1, cpus=[0, 1])
     assert [n.cpus for n in bound.nodes] == [(0,), (1,)]
