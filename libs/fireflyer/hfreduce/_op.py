@@ -16,7 +16,7 @@ under the engine lock; ownership of the caller's ``work`` buffer during the op:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import msgspec
 import numpy as np
@@ -73,12 +73,17 @@ def divide_inplace(x: np.ndarray, d: int) -> None:
         cast_into(x, tmp, threads=1)
 
 
+#: ``fuse(start, stop, children)``: the local partial and the children's chunks, reduced in one
+#: pass into ``work[start:stop]`` (see :meth:`NodeEngine.allreduce <.engine.NodeEngine.allreduce>`)
+Fuse = Callable[[int, int, Sequence[np.ndarray]], None]
+
+
 class OpState:
     """Progress of one collective on this node (fields change under the engine lock)."""
 
     # (slots: an op is built and read on every small allreduce, so its attribute traffic counts)
-    __slots__ = ("k", "fp", "wire_fp", "work", "wbytes", "isz", "redop", "avg_divisor", "on_final", "fill",
-                 "layouts", "filled", "up_done", "final", "up_sending", "inline", "claimed", "exchange", "xsent",
+    __slots__ = ("k", "fp", "wire_fp", "work", "wbytes", "isz", "redop", "avg_divisor", "on_final", "fill", "fuse",
+                 "fused", "layouts", "filled", "up_done", "final", "up_sending", "inline", "claimed", "exchange", "xsent",
                  "xclaimed", "status_sent", "remaining", "complete", "result", "on_done", "t0", "started_at",
                  "up_end", "down_end", "sent_b", "recv_b", "io_s")
 
@@ -96,6 +101,10 @@ class OpState:
         self.on_final = on_final
         #: the caller's ``fill(start, stop)`` (threaded ops only), run per chunk by the fill thread
         self.fill: Callable[[int, int], None] | None = None
+        #: the caller's ``fuse``; ``fused[t]``: tree t's up step makes our partial with it (and
+        #: the fill thread skips tree t)
+        self.fuse: Fuse | None = None
+        self.fused = [False, False]
         per = max(1, chunk_bytes // self.isz)
         count = work.size
         if inline:  # small op: all of it on tree 0 in one chunk; tree 1 carries no frame at all

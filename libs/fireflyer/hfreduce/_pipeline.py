@@ -5,8 +5,9 @@ holds no state of its own (the attributes it uses are created by the engine).
 Steps, each for one chunk ``c`` of tree ``t`` of the current op:
 
 - :meth:`_up_step` -- the children's chunk ``c`` (already in ring slots) is reduced
-  into ``work`` in a fixed order (own first, then ``children`` in tree order), then
-  sent to the parent or, at the root, divided for ``avg`` and finalised;
+  into ``work`` in a fixed order (own first, then ``children`` in tree order; with the
+  caller's ``fuse``, our own partial is made in the same pass), then sent to the
+  parent or, at the root, divided for ``avg`` and finalised;
 - :meth:`_down_step` -- a final chunk is sent to one child;
 - :meth:`_recv_up` / :meth:`_recv_down` -- the readers' halves (ring slot, or
   straight into ``work`` followed by ``on_final``).
@@ -99,7 +100,10 @@ class Pipeline:
                 st.io_s[i] += dt
                 inputs.append(np.frombuffer(lk.slots[lk.consumed % ring], dtype=st.work.dtype, count=b - a))
             if b > a:
-                kernels.reduce_into(inputs[0], inputs, st.redop, threads=1)
+                if st.fused[t]:
+                    self._fuse_chunk(st, t, a, b, inputs[1:])
+                else:
+                    kernels.reduce_into(inputs[0], inputs, st.redop, threads=1)
             with self._mu:
                 for lk in children:
                     lk.consumed += 1
@@ -134,6 +138,16 @@ class Pipeline:
                 self._progress_at = time.monotonic()
         if last:
             self._count_down(st)
+
+    def _fuse_chunk(self: NodeEngine, st: OpState, t: int, a: int, b: int, children: list[np.ndarray]) -> None:
+        """Our partial and the children's chunk in one pass: the caller's ``fuse``."""
+        assert st.fuse is not None
+        try:
+            st.fuse(a, b, children)
+        except Exception as e:  # noqa: BLE001 - the caller's callback failed: the op fails
+            self._fail(HFReduceError(f"{st.fp} on node {self.node}: fuse({a}, {b}) raised {e!r}",
+                                     node=self.node, seq=st.fp.seq, tree=t))
+            raise _Failed() from None
 
     def _down_step(self: NodeEngine, st: OpState, lk: Link, c: int) -> None:
         """Send final chunk ``c`` of ``lk``'s tree to child ``lk``."""
@@ -317,7 +331,7 @@ class Pipeline:
                 lays = st.layouts
                 for c in range(max(lay.nchunks for lay in lays)):
                     for t in (0, 1):
-                        if c < lays[t].nchunks:
+                        if c < lays[t].nchunks and not st.fused[t]:  # (a fused tree's up step fills)
                             self._fill_chunk(st, t, c)
         except _Failed:
             return

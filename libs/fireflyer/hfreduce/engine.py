@@ -39,7 +39,8 @@ number, starting at 0 and the same on all nodes; ``meta`` as listed)::
 - one *down writer* per child link: sends each chunk once it is final;
 - one *fill* thread: runs the caller's ``fill`` (the local reduce) chunk by chunk,
   alternating trees, ahead of the up threads (which wait for it as for their
-  children); ops without ``fill`` skip it (their chunks are ready from the start).
+  children); ops without ``fill`` skip it (their chunks are ready from the start),
+  and so do the trees whose up step makes our partial with the caller's ``fuse``.
 
 So the two trees, and the up and down streams of each, run concurrently, and a
 link carries data in both directions at once.  The calling thread only posts the
@@ -70,7 +71,7 @@ from fireflyer.core.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from fireflyer.core.log import get_logger
 from fireflyer.hfreduce import kernels
 from fireflyer.hfreduce._links import CHILD, PARENT, Acceptor, Link, dial, parse_address
-from fireflyer.hfreduce._op import OpState, divide_inplace
+from fireflyer.hfreduce._op import Fuse, OpState, divide_inplace
 from fireflyer.hfreduce._pipeline import ABORT, WAIT, Pipeline, _Failed
 from fireflyer.hfreduce.errors import (
     CollectiveAborted,
@@ -277,7 +278,7 @@ class NodeEngine(Pipeline):
     def allreduce(self, work: np.ndarray, op: str, fp: Fingerprint, *,
                   on_final: Callable[[int, int], None] | None = None, deadline_s: float | None = None,
                   avg_divisor: int | None = None, fill: Callable[[int, int], None] | None = None,
-                  on_done: Callable[[OpStats], None] | None = None) -> OpStats:
+                  fuse: Fuse | None = None, on_done: Callable[[OpStats], None] | None = None) -> OpStats:
         """Allreduce ``work`` in place across the nodes; return this node's telemetry.
 
         ``work`` (1-D, contiguous, writable) holds this node's partial on entry and
@@ -289,7 +290,14 @@ class NodeEngine(Pipeline):
         partial into ``work[start:stop]``: the engine calls it before it first reads
         those elements, on its fill thread (each range once, chunk by chunk, the two
         trees' chunks alternating; inline ops call it once for the whole buffer on the
-        calling thread), so ``work`` may hold anything on entry.  ``on_done(stats)``, if
+        calling thread), so ``work`` may hold anything on entry.  ``fuse(start, stop,
+        children)``, given with ``fill``, replaces it for the chunks of a tree in which
+        this node has children (threaded ops): the up step calls it once the children's
+        chunks arrived, and it must write the local partial and ``children`` (the
+        children's chunks, valid during the call only) reduced left to right, in that
+        order, into ``work[start:stop]`` -- one pass over the data where fill-then-reduce
+        makes two (the worker reduces its ranks and the children in one kernel call).
+        ``on_done(stats)``, if
         given, is called once when the op has completed on this node, by the engine thread
         that ran its last step (or the calling thread), before this call returns: the
         worker releases its ranks from there without waiting for this thread to wake.
@@ -311,7 +319,7 @@ class NodeEngine(Pipeline):
             if on_done is not None:
                 on_done(stats)
             return stats
-        st = self._post(work, op, fp, on_final, divisor, fill, on_done)
+        st = self._post(work, op, fp, on_final, divisor, fill, on_done, fuse)
         try:
             # (complete: on_done has returned too, so the caller's report of the op comes first)
             return self._wait_result(st, deadline_s, lambda: st.complete)
@@ -339,7 +347,7 @@ class NodeEngine(Pipeline):
 
     def _post(self, work: np.ndarray, op: str, fp: Fingerprint, on_final: Callable[[int, int], None] | None,
               divisor: int, fill: Callable[[int, int], None] | None,
-              on_done: Callable[[OpStats], None] | None) -> OpState:
+              on_done: Callable[[OpStats], None] | None, fuse: Fuse | None = None) -> OpState:
         """Make the op current and run the steps this thread may run now (inline ops)."""
         st = OpState(self._next_k, fp, work, "sum" if op == "avg" else op, divisor if op == "avg" else 1,
                      on_final, self.chunk_bytes, len(self._links),
@@ -351,7 +359,14 @@ class NodeEngine(Pipeline):
                 fill(0, work.size)
         elif fill is not None:
             st.fill = fill
-            st.filled = [0, 0]  # the fill thread produces the chunks; the up threads wait for them
+            # the fill thread produces the chunks; the up threads wait for them -- except in a tree
+            # where we have children and the caller can fuse: there the up step reduces it all at once
+            for t in (0, 1):
+                if fuse is not None and self._children[t]:
+                    st.fused[t] = True
+                else:
+                    st.filled[t] = 0
+            st.fuse = fuse
         with self._mu:
             if self._failure is not None:
                 raise self._reraise(fp)

@@ -26,13 +26,17 @@ Data path per op (``K`` local ranks, ``n`` nodes, chunk = ``chunk_bytes``)::
   arrival wait already is the barrier.
 
 Both ends are pipelined with the trees.  Across nodes the local reduce runs inside the
-engine's ``fill`` callback: each tree's up thread reduces the ranks' chunk just before it
-reduces the children's chunk into it and sends it on, so the two trees reduce different
-halves at once and the first chunk leaves the node after one chunk of local work instead
-of after the whole buffer.  Write-back: the engine reports each final range through
-``on_final`` and a dedicated thread writes it to the ranks while later chunks are still
-in the trees, with :func:`.copies.copy_into` (non-temporal stores, the source read once
-for every rank).  (Every range is read by ``fill`` before it can become final, so the
+engine, chunk by chunk, so the first chunk leaves the node after one chunk of local work
+instead of after the whole buffer.  In a tree where this node is a leaf, the engine's fill
+thread calls ``fill`` ahead of the up thread.  In a tree where it has children, the up
+thread calls ``fuse`` once the children's chunk is in: one kernel call reduces the ranks'
+chunks and the children's, left to right (the bits of fill-then-reduce), reading each
+input once and writing ``work`` once, where fill-then-reduce writes ``work`` and reads it
+back -- on a node whose memory bandwidth is the limit, a pass saved over that half.
+Write-back: the engine reports each final range through ``on_final`` and a dedicated
+thread writes it to the ranks while later chunks are still in the trees, with
+:func:`.copies.copy_into` (non-temporal stores, the source read once for every rank).
+(Every range is read by ``fill`` or ``fuse`` before it can become final, so the
 write-back never overwrites an input still to be reduced.)
 """
 
@@ -47,6 +51,7 @@ import ml_dtypes
 import numpy as np
 
 from . import kernels
+from ._op import Fuse
 from .copies import copy_into
 from .types import Fingerprint, OpStats
 
@@ -190,7 +195,7 @@ INLINE_WRITE_BYTES = 256 << 10
 def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadline_s: float | None,
               write: Callable[[int, int], None] | None, writer: ThreadPoolExecutor,
               times: dict[str, float], done: Callable[[OpStats], None], avg_divisor: int | None = None,
-              fill: Callable[[int, int], None] | None = None,
+              fill: Callable[[int, int], None] | None = None, fuse: Fuse | None = None,
               local_reduce: Callable[[], float] | None = None, post: bool = False) -> OpStats:
     """engine.allreduce with write-back of each final range on the writer thread.
 
@@ -229,7 +234,7 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
                     on_done=engine_done)
         return _POSTED
     try:
-        kw = {"fill": fill} if fill is not None else {}
+        kw = {"fill": fill, "fuse": fuse} if fill is not None else {}
         stats = engine.allreduce(work, op, fp, on_final=None if write is None else on_final, deadline_s=deadline_s,
                                  avg_divisor=avg_divisor, on_done=engine_done if early else None, **kw)
     finally:
@@ -281,8 +286,10 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
             copy_into([t[a:b] for t in targets], seg)
 
     if engine is not None:
-        # the local reduce runs inside the engine, chunk by chunk, on its two up threads:
-        # local_reduce_s sums its chunks' times, and overlaps tree_s (the engine's wall time)
+        # the local reduce runs inside the engine, chunk by chunk: on its fill thread, or fused with
+        # the children's chunks on the up thread of a tree where this node has children.
+        # local_reduce_s sums those calls' times (a fused call's includes the children's share),
+        # and overlaps tree_s (the engine's wall time)
         spent: list[float] = []
 
         def fill(a: int, b: int) -> None:
@@ -290,10 +297,21 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
             kernels.reduce_into(work[a:b], [v[a:b] for v in views], local_op, threads=1)
             spent.append(time.perf_counter() - t1)
 
+        def fuse(a: int, b: int, children: Sequence[np.ndarray]) -> None:
+            # the ranks' chunks, then the children's, left to right: the bits of fill-then-reduce
+            # (float32 / integer partials are stored as they are), in one pass instead of two
+            if wdt != plan.dtype or len(views) + len(children) > kernels.MAX_INPUTS:
+                fill(a, b)  # low precision: float32 partials from narrower ranks; or too many inputs
+                kernels.reduce_into(work[a:b], [work[a:b], *children], local_op, threads=1)
+                return
+            t1 = time.perf_counter()
+            kernels.reduce_into(work[a:b], [v[a:b] for v in views] + list(children), local_op, threads=1)
+            spent.append(time.perf_counter() - t1)
+
         on_phase("tree")
         return _run_tree(engine, work, engine_op, fp, deadline_s, write if targets else None, writer, times,
                          done, avg_divisor=plan.world_size, fill=None if in_place else fill,
-                         local_reduce=lambda: sum(spent), post=post)
+                         fuse=None if in_place else fuse, local_reduce=lambda: sum(spent), post=post)
     chunks = _chunks(plan.count, wdt.itemsize, plan.chunk_bytes)
     on_phase("local_reduce")
     t0 = time.perf_counter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import ml_dtypes
 import numpy as np
@@ -10,8 +11,10 @@ import pytest
 from engine_util import allreduce_all, close_all, make_engines, run_all
 
 from fireflyer.core.errors import InvalidArgument
+from fireflyer.hfreduce import kernels
 from fireflyer.hfreduce.engine import NodeEngine
 from fireflyer.hfreduce.errors import HFReduceError
+from fireflyer.hfreduce.trees import split_halves
 from fireflyer.hfreduce.types import Fingerprint, OpStats
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -182,6 +185,76 @@ def test_fill_pipelines_the_local_partial_bit_identically(n: int, count: int) ->
             ranges = sorted(asked[i])
             assert ranges[0][0] == 0 and ranges[-1][1] == count, ranges
             assert all(x[1] == y[0] for x, y in zip(ranges, ranges[1:], strict=False)), "gaps or overlaps"
+    finally:
+        close_all(engines)
+
+
+@pytest.mark.parametrize("n,count", [(2, 5000), (3, 5000), (4, (1 << 20) // 4 + 3), (5, 9001)])
+def test_fuse_makes_the_partial_with_the_children_in_one_pass(n: int, count: int) -> None:
+    """With ``fuse``, a tree where the node has children gets its partial from ``fuse`` (with the
+    children's chunks), every other range from ``fill``; each range once, same bits as pre-filled."""
+    engines = make_engines(n, chunk_bytes=16 << 10)
+    try:
+        locs = [inputs(2, count, np.dtype(np.float32), seed=30 + i) for i in range(n)]
+        pre = [a + b for a, b in locs]
+        ref_res = allreduce_all(engines, pre, "sum", seq=0)
+        want = pre[0].copy()
+        filled: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        fused: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        lock = threading.Lock()
+
+        def fill(i: int, work: np.ndarray, a: int, b: int) -> None:
+            with lock:
+                filled[i].append((a, b))
+            np.add(locs[i][0][a:b], locs[i][1][a:b], out=work[a:b])
+
+        def fuse(i: int, work: np.ndarray, a: int, b: int, children: Sequence[np.ndarray]) -> None:
+            assert children and all(c.shape == (b - a,) for c in children)
+            with lock:
+                fused[i].append((a, b))
+            kernels.reduce_into(work[a:b], [locs[i][0][a:b], locs[i][1][a:b], *children], "sum", threads=1)
+
+        works = [np.full(count, np.nan, dtype=np.float32) for _ in range(n)]
+        from engine_util import run_all
+        fns = [lambda i=i: engines[i].allreduce(
+            works[i], "sum", Fingerprint("c", 1, "sum", "float32", count),
+            fill=lambda a, b, i=i: fill(i, works[i], a, b),
+            fuse=lambda a, b, ch, i=i: fuse(i, works[i], a, b, ch)) for i in range(n)]
+        res = run_all(fns, 60)
+        assert not [r for r in ref_res + res if isinstance(r, BaseException)], (ref_res, res)
+        halves = split_halves(count)
+        for i in range(n):
+            assert works[i].tobytes() == want.tobytes(), f"node {i} differs from the pre-filled run"
+            ranges = sorted(filled[i] + fused[i])
+            assert ranges[0][0] == 0 and ranges[-1][1] == count, ranges
+            assert all(x[1] == y[0] for x, y in zip(ranges, ranges[1:], strict=False)), "gaps or overlaps"
+            for t, (lo, hi) in enumerate(halves):
+                mine = fused[i] if engines[i]._children[t] else filled[i]
+                other = filled[i] if engines[i]._children[t] else fused[i]
+                assert sum(b - a for a, b in mine if lo <= a < hi) == hi - lo, (i, t)
+                assert not [r for r in other if lo <= r[0] < hi], (i, t)
+        assert any(fused), "no node had children"
+    finally:
+        close_all(engines)
+
+
+def test_fuse_that_raises_fails_the_op_on_every_node() -> None:
+    n, count = 3, 20000
+    engines = make_engines(n, chunk_bytes=16 << 10, timeout_s=5.0)
+    try:
+        def fuse(i: int, work: np.ndarray, a: int, b: int, children: Sequence[np.ndarray]) -> None:
+            raise RuntimeError("rank buffer vanished")
+
+        works = [np.zeros(count, dtype=np.float32) for _ in range(n)]
+        from engine_util import run_all
+        fns = [lambda i=i: engines[i].allreduce(
+            works[i], "sum", Fingerprint("c", 0, "sum", "float32", count),
+            fill=lambda a, b, i=i: works[i][a:b].fill(1.0),
+            fuse=lambda a, b, ch, i=i: fuse(i, works[i], a, b, ch)) for i in range(n)]
+        res = run_all(fns, 15)
+        assert all(isinstance(r, BaseException) for r in res), res
+        culprits = [i for i in range(n) if any(engines[i]._children)]
+        assert any("fuse(" in str(res[i]) and "rank buffer vanished" in str(res[i]) for i in culprits), res
     finally:
         close_all(engines)
 
