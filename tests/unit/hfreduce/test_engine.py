@@ -155,47 +155,16 @@ def test_close_joins_every_thread() -> None:
     assert not left, left
 
 
-@pytest.mark.parametrize("n,count", [(1, 5000), (2, 7), (3, 5000), (4, (1 << 20) // 4 + 3)])
-def test_fill_pipelines_the_local_partial_bit_identically(n: int, count: int) -> None:
-    """``fill`` gets every range exactly once, before the engine reads it; the result equals a pre-filled buffer."""
+@pytest.mark.parametrize("with_fuse", [False, True], ids=["fill", "fill+fuse"])
+@pytest.mark.parametrize("n,count", [(1, 5000), (2, 7), (2, 5000), (3, 5000), (4, (1 << 20) // 4 + 3), (5, 9001)])
+def test_fill_and_fuse_make_the_local_partial_bit_identically(n: int, count: int, with_fuse: bool) -> None:
+    """``fill`` gets every range exactly once, before the engine reads it; with ``fuse``, the trees
+    where the node has children get their ranges from ``fuse`` (with the children's chunks) instead.
+    The result equals a pre-filled buffer's, bit for bit."""
     engines = make_engines(n, chunk_bytes=16 << 10)
     try:
         # each node's partial is the sum of two "local ranks", produced only when the engine asks
         locs = [inputs(2, count, np.dtype(np.float32), seed=10 + i) for i in range(n)]
-        pre = [a + b for a, b in locs]
-        ref_res = allreduce_all(engines, pre, "sum", seq=0)
-        want = pre[0].copy()
-        asked: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-        lock = threading.Lock()
-
-        def fill(i: int, work: np.ndarray, a: int, b: int) -> None:
-            with lock:
-                asked[i].append((a, b))
-            np.add(locs[i][0][a:b], locs[i][1][a:b], out=work[a:b])
-
-        works = [np.full(count, np.nan, dtype=np.float32) for _ in range(n)]
-        from engine_util import run_all
-        fns = [lambda i=i: engines[i].allreduce(
-            works[i], "sum", Fingerprint("c", 1, "sum", "float32", count),
-            fill=lambda a, b, i=i: fill(i, works[i], a, b)) for i in range(n)]
-        res = run_all(fns, 60)
-        assert not [r for r in ref_res + res if isinstance(r, BaseException)], (ref_res, res)
-        for i in range(n):
-            assert works[i].tobytes() == want.tobytes(), f"node {i} differs from the pre-filled run"
-            ranges = sorted(asked[i])
-            assert ranges[0][0] == 0 and ranges[-1][1] == count, ranges
-            assert all(x[1] == y[0] for x, y in zip(ranges, ranges[1:], strict=False)), "gaps or overlaps"
-    finally:
-        close_all(engines)
-
-
-@pytest.mark.parametrize("n,count", [(2, 5000), (3, 5000), (4, (1 << 20) // 4 + 3), (5, 9001)])
-def test_fuse_makes_the_partial_with_the_children_in_one_pass(n: int, count: int) -> None:
-    """With ``fuse``, a tree where the node has children gets its partial from ``fuse`` (with the
-    children's chunks), every other range from ``fill``; each range once, same bits as pre-filled."""
-    engines = make_engines(n, chunk_bytes=16 << 10)
-    try:
-        locs = [inputs(2, count, np.dtype(np.float32), seed=30 + i) for i in range(n)]
         pre = [a + b for a, b in locs]
         ref_res = allreduce_all(engines, pre, "sum", seq=0)
         want = pre[0].copy()
@@ -214,69 +183,58 @@ def test_fuse_makes_the_partial_with_the_children_in_one_pass(n: int, count: int
                 fused[i].append((a, b))
             kernels.reduce_into(work[a:b], [locs[i][0][a:b], locs[i][1][a:b], *children], "sum", threads=1)
 
+        def kw(i: int) -> dict[str, object]:
+            out: dict[str, object] = {"fill": lambda a, b: fill(i, works[i], a, b)}
+            if with_fuse:
+                out["fuse"] = lambda a, b, ch: fuse(i, works[i], a, b, ch)
+            return out
+
         works = [np.full(count, np.nan, dtype=np.float32) for _ in range(n)]
-        from engine_util import run_all
-        fns = [lambda i=i: engines[i].allreduce(
-            works[i], "sum", Fingerprint("c", 1, "sum", "float32", count),
-            fill=lambda a, b, i=i: fill(i, works[i], a, b),
-            fuse=lambda a, b, ch, i=i: fuse(i, works[i], a, b, ch)) for i in range(n)]
+        fns = [lambda i=i: engines[i].allreduce(works[i], "sum", Fingerprint("c", 1, "sum", "float32", count),
+                                                **kw(i)) for i in range(n)]
         res = run_all(fns, 60)
         assert not [r for r in ref_res + res if isinstance(r, BaseException)], (ref_res, res)
-        halves = split_halves(count)
+        # one node, or an inline op: one fill call for the whole buffer, on the caller
+        inline = n == 1 or count * 4 <= engines[0].inline_bytes
         for i in range(n):
             assert works[i].tobytes() == want.tobytes(), f"node {i} differs from the pre-filled run"
             ranges = sorted(filled[i] + fused[i])
             assert ranges[0][0] == 0 and ranges[-1][1] == count, ranges
             assert all(x[1] == y[0] for x, y in zip(ranges, ranges[1:], strict=False)), "gaps or overlaps"
-            for t, (lo, hi) in enumerate(halves):
-                mine = fused[i] if engines[i]._children[t] else filled[i]
-                other = filled[i] if engines[i]._children[t] else fused[i]
+            for t, (lo, hi) in enumerate([] if inline else split_halves(count)):
+                by_fuse = with_fuse and bool(engines[i]._children[t])
+                mine, other = (fused[i], filled[i]) if by_fuse else (filled[i], fused[i])
                 assert sum(b - a for a, b in mine if lo <= a < hi) == hi - lo, (i, t)
                 assert not [r for r in other if lo <= r[0] < hi], (i, t)
-        assert any(fused), "no node had children"
+        assert any(fused) == (with_fuse and not inline), "fuse ran where it must not, or never"
     finally:
         close_all(engines)
 
 
-def test_fuse_that_raises_fails_the_op_on_every_node() -> None:
+@pytest.mark.parametrize("raising", ["fill", "fuse"])
+def test_a_fill_or_fuse_that_raises_fails_the_op_on_every_node(raising: str) -> None:
     n, count = 3, 20000
     engines = make_engines(n, chunk_bytes=16 << 10, timeout_s=5.0)
     try:
-        def fuse(i: int, work: np.ndarray, a: int, b: int, children: Sequence[np.ndarray]) -> None:
-            raise RuntimeError("rank buffer vanished")
+        # the failing node: for fuse, one that has children (only such a node calls it)
+        bad = 2 if raising == "fill" else next(i for i in range(n) if any(engines[i]._children))
 
-        works = [np.zeros(count, dtype=np.float32) for _ in range(n)]
-        from engine_util import run_all
-        fns = [lambda i=i: engines[i].allreduce(
-            works[i], "sum", Fingerprint("c", 0, "sum", "float32", count),
-            fill=lambda a, b, i=i: works[i][a:b].fill(1.0),
-            fuse=lambda a, b, ch, i=i: fuse(i, works[i], a, b, ch)) for i in range(n)]
-        res = run_all(fns, 15)
-        assert all(isinstance(r, BaseException) for r in res), res
-        culprits = [i for i in range(n) if any(engines[i]._children)]
-        assert any("fuse(" in str(res[i]) and "rank buffer vanished" in str(res[i]) for i in culprits), res
-    finally:
-        close_all(engines)
-
-
-def test_fill_that_raises_fails_the_op_on_every_node() -> None:
-    n, count = 3, 20000
-    engines = make_engines(n, chunk_bytes=16 << 10, timeout_s=5.0)
-    try:
-        def fill(i: int, work: np.ndarray, a: int, b: int) -> None:
-            if i == 2 and a > 0:
+        def fill(i: int, work: np.ndarray, a: int, b: int, children: Sequence[np.ndarray] = ()) -> None:
+            if i == bad and a > 0 and (raising == "fuse") == bool(children):
                 raise RuntimeError("rank buffer vanished")
             work[a:b] = 1.0
+            for c in children:
+                work[a:b] += c
 
         works = [np.zeros(count, dtype=np.float32) for _ in range(n)]
-        from engine_util import run_all
         fns = [lambda i=i: engines[i].allreduce(
             works[i], "sum", Fingerprint("c", 0, "sum", "float32", count),
-            fill=lambda a, b, i=i: fill(i, works[i], a, b)) for i in range(n)]
+            fill=lambda a, b, i=i: fill(i, works[i], a, b),
+            fuse=lambda a, b, ch, i=i: fill(i, works[i], a, b, ch)) for i in range(n)]
         res = run_all(fns, 15)
         assert all(isinstance(r, BaseException) for r in res), res
-        assert "fill(" in str(res[2]) and "rank buffer vanished" in str(res[2])
-        assert all("node 2" in str(r) for r in res[:2]), res
+        assert f"{raising}(" in str(res[bad]) and "rank buffer vanished" in str(res[bad]), res[bad]
+        assert all(f"node {bad}" in str(r) for i, r in enumerate(res) if i != bad), res
     finally:
         close_all(engines)
 
