@@ -16,6 +16,7 @@ from stor_svc_harness import CHUNK, StorageCluster
 from fireflyer.core.errors import FireFlyerError
 from fireflyer.mgmt.model import PublicState
 from fireflyer.storage import ChunkCorrupted, ChunkId, crc32c
+from fireflyer.storage.errors import ChainVersionMismatch
 from fireflyer.storage.protocol import ChunkCorruptedEvent, corrupted_subject
 from fireflyer.testing.poll import wait_for
 
@@ -30,8 +31,22 @@ async def _check_every_replica(cluster: StorageCluster, acked: dict[ChunkId, tup
     for cid, (chain_id, crc) in acked.items():
         chain = next(c for c in routing.chains if c.chain_id == chain_id)
         for t in chain.target_ids:
-            _, data = await asyncio.to_thread(cluster.read_target, routing, chain_id, t, cid)
+            _, data = await _read_when_current(cluster, routing, chain_id, t, cid)
             assert crc32c(data) == crc, f"chunk {cid} on target {t} is stale or wrong"
+
+
+async def _read_when_current(cluster: StorageCluster, routing, chain_id: int, target: int, cid: ChunkId,
+                             timeout_s: float = 10.0):
+    """Read one replica with the manager's routing; a target may learn that routing version a
+    moment after the manager reports it (ChainVersionMismatch: it is behind), so retry until then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await asyncio.to_thread(cluster.read_target, routing, chain_id, target, cid)
+        except ChainVersionMismatch:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
 
 
 async def test_kill_middle_target_during_writes_then_resync(cluster: StorageCluster) -> None:
