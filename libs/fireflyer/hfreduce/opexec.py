@@ -300,12 +300,14 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
         def fuse(a: int, b: int, children: Sequence[np.ndarray]) -> None:
             # the ranks' chunks, then the children's, left to right: the bits of fill-then-reduce
             # (float32 / integer partials are stored as they are), in one pass instead of two
-            if wdt != plan.dtype or len(views) + len(children) > kernels.MAX_INPUTS:
-                fill(a, b)  # low precision: float32 partials from narrower ranks; or too many inputs
-                kernels.reduce_into(work[a:b], [work[a:b], *children], local_op, threads=1)
-                return
             t1 = time.perf_counter()
-            kernels.reduce_into(work[a:b], [v[a:b] for v in views] + list(children), local_op, threads=1)
+            ranks = [v[a:b] for v in views]
+            if wdt != plan.dtype or len(ranks) + len(children) > kernels.MAX_INPUTS:
+                # low precision (float32 partials from narrower ranks) or too many inputs: two passes
+                kernels.reduce_into(work[a:b], ranks, local_op, threads=1)
+                kernels.reduce_into(work[a:b], [work[a:b], *children], local_op, threads=1)
+            else:
+                kernels.reduce_into(work[a:b], ranks + list(children), local_op, threads=1)
             spent.append(time.perf_counter() - t1)
 
         on_phase("tree")
