@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fireflyer.core.errors import FireFlyerError, ProtocolError, Unauthenticated
 from fireflyer.core.log import get_logger
@@ -80,6 +81,9 @@ class Link:
     #: frames of the current op the down writer has sent (child links)
     sent: int = 0
     cv: threading.Condition | None = None
+    #: child links: the up frame of a threaded op whose header the reader has read and whose
+    #: payload it leaves on the socket for the tree's up thread (``_streamed.Parked``)
+    park: Any = None
 
     def name(self) -> str:
         return f"node {self.peer} ({self.addr}) tree {self.tree}"

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 import numpy as np
 
+from fireflyer.hfreduce._blocks import framed_bytes
 from fireflyer.hfreduce.kernels import cast_into
 from fireflyer.hfreduce.trees import split_halves
 from fireflyer.hfreduce.types import Fingerprint, OpStats, PeerStats, TreeStats
@@ -85,7 +87,7 @@ class OpState:
     __slots__ = ("k", "fp", "wire_fp", "work", "wbytes", "isz", "redop", "avg_divisor", "on_final", "fill", "fuse",
                  "fused", "layouts", "filled", "up_done", "final", "up_sending", "inline", "claimed", "exchange", "xsent",
                  "xclaimed", "status_sent", "remaining", "complete", "result", "on_done", "t0", "started_at",
-                 "up_end", "down_end", "sent_b", "recv_b", "io_s")
+                 "up_end", "down_end", "sent_b", "recv_b", "io_s", "stream", "reduce_s", "copyout_s")
 
     def __init__(self, k: int, fp: Fingerprint, work: np.ndarray, redop: str, avg_divisor: int,
                  on_final: Callable[[int, int], None] | None, chunk_bytes: int, nlinks: int,
@@ -105,6 +107,12 @@ class OpState:
         #: the fill thread skips tree t)
         self.fuse: Fuse | None = None
         self.fused = [False, False]
+        #: a streamed op's inputs and mirrors (``_streamed.StreamOp``): the engine's block loops
+        #: make the partial and write the result
+        self.stream: Any = None
+        #: seconds of the block loops in reduce kernels and in copies to the mirrors
+        self.reduce_s = 0.0
+        self.copyout_s = 0.0
         per = max(1, chunk_bytes // self.isz)
         count = work.size
         if inline:  # small op: all of it on tree 0 in one chunk; tree 1 carries no frame at all
@@ -154,6 +162,13 @@ class OpState:
     def nbytes(self, a: int, b: int) -> tuple[int, int]:
         return a * self.isz, b * self.isz
 
+    def frame_bytes(self, a: int, b: int) -> int:
+        """Payload bytes of the frame carrying elements [a, b): the data, plus a streamed op's
+        block markers (``_blocks.framed_bytes``)."""
+        if self.stream is None:
+            return (b - a) * self.isz
+        return framed_bytes(b - a, self.stream.blk, self.isz)
+
     def stats(self, link_peers: list[int]) -> OpStats:
         trees = []
         for t in (0, 1):
@@ -167,5 +182,5 @@ class OpState:
             ps.bytes_received += self.recv_b[i]
             ps.transfer_s += self.io_s[i]
         return OpStats(seq=self.fp.seq, kind=self.fp.kind, nbytes=self.work.nbytes, trees=trees,
-                       peers=peers, started_at=self.started_at,
+                       peers=peers, reduce_s=self.reduce_s, copyout_s=self.copyout_s, started_at=self.started_at,
                        finished_at=self.started_at + (time.monotonic() - self.t0))

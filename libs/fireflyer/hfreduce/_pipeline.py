@@ -119,6 +119,8 @@ class Pipeline:
             self._finalize(st, t, c, a, b)
         else:
             meta = {"c": c, "fp": st.wire_fp} if c == 0 else {"c": c}
+            if not st.inline:
+                meta["p"] = 1  # the parent's reader parks it for its up thread (_streamed)
             x, y = st.nbytes(a, b)
             with self._mu:
                 st.up_sending[t] = True
@@ -240,7 +242,8 @@ class Pipeline:
                 f"tree {lk.tree}, expected chunk {want_c} of {want_len} bytes (same chunk_bytes everywhere?)",
                 node=self.node, peer=lk.peer, tree=lk.tree, chunk=want_c)
 
-    def _finalize(self: NodeEngine, st: OpState, t: int, c: int, a: int, b: int) -> None:
+    def _finalize(self: NodeEngine, st: OpState, t: int, c: int, a: int, b: int, extra: int = 0) -> None:
+        """Chunk ``c`` of tree ``t`` is final here (``extra``: and that many down sends of it are done)."""
         with self._mu:
             st.final[t] = c + 1
             self._progress_at = time.monotonic()
@@ -251,11 +254,11 @@ class Pipeline:
             except Exception as e:  # noqa: BLE001 - the caller's callback failed: the op fails
                 self._fail(HFReduceError(f"{st.fp} on node {self.node}: on_final({a}, {b}) raised {e!r}",
                                          node=self.node, seq=st.fp.seq))
-        self._count_down(st)
+        self._count_down(st, 1 + extra)
 
-    def _count_down(self: NodeEngine, st: OpState) -> None:
+    def _count_down(self: NodeEngine, st: OpState, steps: int = 1) -> None:
         with self._mu:
-            st.remaining -= 1
+            st.remaining -= steps
             last = st.remaining == 0
         if last:
             self._complete(st)
@@ -292,19 +295,25 @@ class Pipeline:
             return self._op if self._failure is None else None
 
     def _up_loop(self: NodeEngine, t: int) -> None:
-        """Tree ``t``'s up stream, chunk after chunk, op after op."""
-        children = self._children[t]
+        """Tree ``t``'s up stream, chunk after chunk, op after op.
+
+        The children's chunks wait parked on their sockets (``_streamed``): a streamed op
+        reads them in its block loop, any other op into the ring first."""
         last = -1
         try:
             while (st := self._wait_op(last)) is not None:
                 for c in range(st.layouts[t].nchunks):
                     with self._mu:
-                        while self._failure is None and (st.filled[t] <= c or any(
-                                lk.arrived <= lk.consumed for lk in children)):
+                        while self._failure is None and (st.filled[t] <= c or not self._parks_ready(t)):
                             self._up_cv[t].wait()
                         if self._failure is not None:
                             return
-                    self._up_step(st, t, c)
+                        parks = self._take_parks(st, t, c)
+                    if st.stream is not None:
+                        self._stream_up_step(st, t, c, parks)
+                    else:
+                        self._recv_parked(st, t, parks)
+                        self._up_step(st, t, c)
                 last = st.k
         except _Failed:
             return
@@ -365,6 +374,9 @@ class Pipeline:
             while (st := self._wait_op(last)) is not None:
                 with self._mu:
                     lk.sent = 0
+                if st.stream is not None:  # its block loops send the final chunks themselves
+                    last = st.k
+                    continue
                 for c in range(st.layouts[t].nchunks):
                     with self._mu:
                         while self._failure is None and st.final[t] <= c:
@@ -425,7 +437,9 @@ class Pipeline:
                     fs.discard(plen)  # after a failure: drain, so the peers' writers never block
                     continue
                 try:
-                    if hdr.op == UP and lk.role == CHILD:
+                    if hdr.op == UP and lk.role == CHILD and hdr.meta.get("p"):
+                        self._park(lk, hdr, plen)
+                    elif hdr.op == UP and lk.role == CHILD:
                         self._recv_up(lk, hdr, plen)
                     elif hdr.op == XCHG and lk.role == PARENT and lk.slots:
                         self._recv_xchg(lk, hdr, plen)
@@ -506,10 +520,13 @@ class Pipeline:
                 f"runs {theirs}", node=self.node, peer=lk.peer, ours=str(st.fp), theirs=theirs)
         lay = st.layouts[t]
         a, b = lay.chunk(st.final[t])
-        if c != st.final[t] or plen != (b - a) * st.isz:
+        if c != st.final[t] or plen != st.frame_bytes(a, b):
             raise HFReduceError(f"{st.fp} on {self.who(self.node)}: {lk.name()} sent final chunk {c} of "
-                                f"{plen} bytes, expected chunk {st.final[t]} of {(b - a) * st.isz}",
+                                f"{plen} bytes, expected chunk {st.final[t]} of {st.frame_bytes(a, b)}",
                                 node=self.node, peer=lk.peer, tree=t, chunk=st.final[t])
+        if st.stream is not None:
+            self._stream_down(lk, st, c, a, b, plen)
+            return
         x, y = st.nbytes(a, b)
         t0 = time.perf_counter()
         lk.fs.recv_into(st.wbytes[x:y])

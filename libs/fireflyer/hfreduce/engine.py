@@ -11,7 +11,9 @@ reduce is then pipelined with the trees instead of preceding them.
 
 **Trees and data split.**  ``zone_aware_double_tree(zones)`` (or the plain
 ``double_binary_tree``): tree ``t`` carries half ``t`` of the buffer
-(``split_halves``), cut into chunks of ``chunk_bytes``.  Each node reduces its own
+(``split_halves``), cut into chunks of ``chunk_bytes`` -- except for *streamed*
+ops (float32 / int32 / int64, see :mod:`._streamed`), whose half is one chunk that
+numba loops move in cache-sized blocks.  Each node reduces its own
 chunk with its children's, in a fixed order (own first, then children as the
 tree lists them), and sends it up; the root's result is broadcast down and every
 node ends with the root's bits.  ``avg`` is a ``sum`` up the tree; the root
@@ -21,21 +23,26 @@ passes the world size) before sending it down, so all nodes get identical bits.
 **Frames** (``fireflyer.wire`` ``req`` frames, one-way; ``rid`` is the engine's op
 number, starting at 0 and the same on all nodes; ``meta`` as listed)::
 
-    hfr.up     child -> parent   {"c": chunk, "fp": fingerprint on chunk 0}  payload: partial chunk
+    hfr.up     child -> parent   {"c": chunk, "fp": fingerprint on chunk 0, "p": 1 unless inline}
+                                 payload: partial chunk
     hfr.down   parent -> child   {"c": chunk, "fp": fingerprint on chunk 0}  payload: final chunk
+
+(a streamed op's payloads are its blocks, each followed by an 8-byte marker: ``_blocks``)
     hfr.wait   any direction     {}   "I have started op rid" (sent only once an op is slow)
     hfr.abort  any direction     {"origin", "reason", "culprit", "error"}   flooded once
 
 **Threads** (all long-lived, started by :meth:`start`; none per op):
 
-- one *reader* per link: child links receive up chunks into a ring of
+- one *reader* per link: child links receive small ops' up chunks into a ring of
   ``ring`` preallocated slots (``recv_into``; TCP back-pressure when the ring is
-  full), parent links receive final chunks straight into ``work``, call
-  ``on_final`` and wake the down writers; readers also take ``hfr.abort`` and
-  ``hfr.wait`` at any time, and after a failure they drain and discard;
-- one *up* thread per tree: waits for chunk ``c`` from every child, reduces with
+  full) and park threaded ops' up chunks for the up thread (:mod:`._streamed`),
+  parent links receive final chunks straight into ``work``, call ``on_final`` and
+  wake the down writers (a streamed op's: forward them and write the mirrors
+  themselves, block by block); readers also take ``hfr.abort`` and ``hfr.wait`` at
+  any time, and after a failure they drain and discard;
+- one *up* thread per tree: takes chunk ``c`` from every child, reduces with
   ``kernels.reduce_into(threads=1)`` into ``work`` and sends it to the parent (or,
-  at the root, finalises it);
+  at the root, finalises it); a streamed op's half goes through one block loop;
 - one *down writer* per child link: sends each chunk once it is final;
 - one *fill* thread: runs the caller's ``fill`` (the local reduce) chunk by chunk,
   alternating trees, ahead of the up threads (which wait for it as for their
@@ -70,9 +77,11 @@ import numpy as np
 from fireflyer.core.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from fireflyer.core.log import get_logger
 from fireflyer.hfreduce import kernels
+from fireflyer.hfreduce._blocks import BLOCK_BYTES
 from fireflyer.hfreduce._links import CHILD, PARENT, Acceptor, Link, dial, parse_address
 from fireflyer.hfreduce._op import Fuse, OpState, divide_inplace
 from fireflyer.hfreduce._pipeline import ABORT, WAIT, Pipeline, _Failed
+from fireflyer.hfreduce._streamed import Streaming, StreamOp, check_buffers
 from fireflyer.hfreduce.errors import (
     CollectiveAborted,
     CollectiveTimeout,
@@ -92,7 +101,7 @@ _log = get_logger("fireflyer.hfreduce.engine")
 _JOIN_S = 2.0
 
 
-class NodeEngine(Pipeline):
+class NodeEngine(Pipeline, Streaming):
     """The inter-node allreduce of one node (see the module docstring for the protocol).
 
     ``addresses[i]`` is node ``i``'s engine listener (``host:port``); ``zones[i]``
@@ -100,21 +109,24 @@ class NodeEngine(Pipeline):
     own address (tests bind port 0 first); the engine takes it over and closes it
     after :meth:`start`.  ``chunk_bytes`` must be equal on all nodes (checked at
     connect).  ``sock_buf_bytes`` fixes SO_SNDBUF/SO_RCVBUF (``None``: kernel
-    auto-tuning, usually best on Linux).
+    auto-tuning, usually best on Linux).  ``block_bytes``: the block of a streamed
+    op's loops (:mod:`._blocks`); ``streaming=False`` runs every op the threaded way
+    (for comparisons).
     """
 
     def __init__(self, *, node_rank: int, addresses: Sequence[str], zones: Sequence[str] | None = None,
                  token: str = "", chunk_bytes: int = 4 << 20, timeout_s: float = 60.0,
                  listen: socket.socket | None = None, sock_buf_bytes: int | None = None,
-                 ring: int = 3, grace_s: float = 1.0, inline_bytes: int = 64 << 10) -> None:
+                 ring: int = 3, grace_s: float = 1.0, inline_bytes: int = 64 << 10,
+                 block_bytes: int = BLOCK_BYTES, streaming: bool = True) -> None:
         n = len(addresses)
         if not 0 <= node_rank < n:
             raise InvalidArgument(f"node_rank {node_rank} not in 0..{n - 1}", node=node_rank, nnodes=n)
         if zones is not None and len(zones) != n:
             raise InvalidArgument("zones must name one zone per node", expected=n, got=len(zones))
-        if chunk_bytes < 64 or timeout_s <= 0 or ring < 2:
-            raise InvalidArgument("need chunk_bytes >= 64, timeout_s > 0, ring >= 2",
-                                  chunk_bytes=chunk_bytes, timeout_s=timeout_s, ring=ring)
+        if chunk_bytes < 64 or timeout_s <= 0 or ring < 2 or block_bytes < 64:
+            raise InvalidArgument("need chunk_bytes >= 64, timeout_s > 0, ring >= 2, block_bytes >= 64",
+                                  chunk_bytes=chunk_bytes, timeout_s=timeout_s, ring=ring, block_bytes=block_bytes)
         for a in addresses:
             parse_address(a)
         self.node = node_rank
@@ -129,9 +141,14 @@ class NodeEngine(Pipeline):
         #: two nodes: a small op is one exchange (each node sends its partial to the other and
         #: both reduce them in the same order), one hop instead of up then down
         self.exchange = n == 2
-        self._layout_key = f"{chunk_bytes}-{self.inline_bytes}{'-x' if self.exchange else ''}"
+        self._layout_key = (f"{chunk_bytes}-{self.inline_bytes}{'-x' if self.exchange else ''}"
+                            f"{f'-s{block_bytes}' if streaming else ''}")
         self._ring = ring
         self._sock_buf = sock_buf_bytes
+        self.block_bytes = block_bytes
+        self.streaming = streaming
+        #: nonzero once the engine failed: the block loops stop at their next block
+        self._abort = np.zeros(1, dtype=np.int64)
         self._listen = listen
         if zones and n > 1:
             dt, _order = zone_aware_double_tree(list(zones))
@@ -180,7 +197,9 @@ class NodeEngine(Pipeline):
             return
         wait = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + wait
-        limits = FrameLimits(max_payload_bytes=max(self.chunk_bytes, 1 << 16))
+        # a streamed op's frame carries half the buffer (no allocation follows from its length:
+        # payloads go into the op's own buffers, whose sizes the op checks)
+        limits = FrameLimits(max_payload_bytes=1 << 50)
         expected = {(c, t) for t, nd in enumerate(self.tree_nodes) for c in nd.children}
         got: dict[tuple[int, int], FramedSocket] = {}
         listener = self._listen
@@ -239,6 +258,7 @@ class NodeEngine(Pipeline):
                 link.slots = [memoryview(b) for b in bufs]
                 link.meta = [(-1, -1, 0, None, 0.0)] * self._ring
                 self._add_link(link)
+        self._setup_streaming()
         for link in self._links:
             self._spawn(self._read_loop, link, f"hfr-read-{self.node}-t{link.tree}-n{link.peer}")
             if link.role == CHILD:
@@ -278,7 +298,8 @@ class NodeEngine(Pipeline):
     def allreduce(self, work: np.ndarray, op: str, fp: Fingerprint, *,
                   on_final: Callable[[int, int], None] | None = None, deadline_s: float | None = None,
                   avg_divisor: int | None = None, fill: Callable[[int, int], None] | None = None,
-                  fuse: Fuse | None = None, on_done: Callable[[OpStats], None] | None = None) -> OpStats:
+                  fuse: Fuse | None = None, on_done: Callable[[OpStats], None] | None = None,
+                  inputs: Sequence[np.ndarray] | None = None, mirrors: Sequence[np.ndarray] = ()) -> OpStats:
         """Allreduce ``work`` in place across the nodes; return this node's telemetry.
 
         ``work`` (1-D, contiguous, writable) holds this node's partial on entry and
@@ -304,8 +325,19 @@ class NodeEngine(Pipeline):
         ``deadline_s`` bounds the whole op, ``timeout_s`` any wait
         without progress.  Raises an :class:`HFReduceError` subclass on failure,
         after which the engine is dead.
+
+        ``inputs`` (instead of ``fill``; only for ops that :meth:`can_stream`): this node's
+        partial is their reduce, left to right, which the engine makes itself -- ``work``
+        may be one of them (in place) or a buffer of its own; ``mirrors`` get the result too.
+        Ops without ``fill`` or ``fuse`` that can stream do so with ``inputs=[work]``.
+        A streamed op is one frame per tree and direction, whatever ``chunk_bytes``.
         """
         self._check_call(work, op, fp)
+        if inputs is not None or mirrors:
+            if fill is not None or fuse is not None or not self.can_stream(work):
+                raise InvalidArgument("inputs/mirrors are for ops that stream (can_stream), without fill or fuse",
+                                      count=work.size, dtype=str(work.dtype))
+            check_buffers(work, inputs or [work], mirrors)
         divisor = self.nnodes if avg_divisor is None else int(avg_divisor)
         if self.nnodes == 1:
             if fill is not None and work.size:
@@ -319,7 +351,11 @@ class NodeEngine(Pipeline):
             if on_done is not None:
                 on_done(stats)
             return stats
-        st = self._post(work, op, fp, on_final, divisor, fill, on_done, fuse)
+        if fill is None and fuse is None and self.can_stream(work):
+            stream = StreamOp(work, inputs or [work], mirrors, "sum" if op == "avg" else op, self.block_bytes)
+        else:
+            stream = None
+        st = self._post(work, op, fp, on_final, divisor, fill, on_done, fuse, stream)
         try:
             # (complete: on_done has returned too, so the caller's report of the op comes first)
             return self._wait_result(st, deadline_s, lambda: st.complete)
@@ -347,13 +383,17 @@ class NodeEngine(Pipeline):
 
     def _post(self, work: np.ndarray, op: str, fp: Fingerprint, on_final: Callable[[int, int], None] | None,
               divisor: int, fill: Callable[[int, int], None] | None,
-              on_done: Callable[[OpStats], None] | None, fuse: Fuse | None = None) -> OpState:
+              on_done: Callable[[OpStats], None] | None, fuse: Fuse | None = None,
+              stream: StreamOp | None = None) -> OpState:
         """Make the op current and run the steps this thread may run now (inline ops)."""
+        # a streamed op's frames carry a whole half each: its loops pipeline block by block
+        chunk = self.chunk_bytes if stream is None else max(self.chunk_bytes, work.nbytes)
         st = OpState(self._next_k, fp, work, "sum" if op == "avg" else op, divisor if op == "avg" else 1,
-                     on_final, self.chunk_bytes, len(self._links),
+                     on_final, chunk, len(self._links),
                      (len(self._children[0]), len(self._children[1])),
                      inline=work.nbytes <= self.inline_bytes, exchange=self.exchange)
         st.on_done = on_done
+        st.stream = stream
         if fill is not None and st.inline:
             if work.size:
                 fill(0, work.size)
@@ -375,9 +415,22 @@ class NodeEngine(Pipeline):
             self._next_k += 1
             self._progress_at = st.t0
             if st.inline:
-                mine = [] if st.exchange else [t for t in (0, 1) if self._claim_up(st, t)]
+                try:
+                    self._check_no_park(st)
+                except HFReduceError as e:
+                    failed: HFReduceError | None = e
+                else:
+                    failed = None
+                mine = [] if st.exchange or failed else [t for t in (0, 1) if self._claim_up(st, t)]
             else:
+                failed = None
+                for t in (0, 1):
+                    for lk in self._children[t]:
+                        lk.sent = 0  # (the down writers reset it too; a streamed op has none)
                 self._post_cv.notify_all()
+        if failed is not None:
+            self._fail(failed)
+            raise self._reraise(fp)
         try:
             if st.exchange:
                 self._exchange_post(st)
@@ -478,6 +531,9 @@ class NodeEngine(Pipeline):
                     st.status_sent = True
                     self._send_status(st.k)  # on other threads: this one must never block on a socket
                     continue
+                if now >= expiry and st.stream is not None and self._loops_moved():
+                    self._progress_at = now  # a block loop moved data: progress, not a stall
+                    continue
                 if now >= expiry:
                     err = self._timeout_error(st, now, expiry)
                     if err is not None:
@@ -513,12 +569,14 @@ class NodeEngine(Pipeline):
 
     def _blame(self, st: OpState) -> list[tuple[int, int, str, int, str]]:
         """(peer, tree, phase, chunk, how) for every peer this op waits on (under the lock)."""
-        out = []
+        out = self._stream_waits(st) if st.stream is not None else []
+        if out:  # a block loop is blocked in a socket call: that peer, precisely
+            return out
         for t in (0, 1):
             n = st.layouts[t].nchunks
             parent = self._parent[t]
             if st.up_done[t] < n:
-                missing = [lk for lk in self._children[t] if lk.arrived <= lk.consumed]
+                missing = [lk for lk in self._children[t] if lk.arrived <= lk.consumed and lk.park is None]
                 out += [(lk.peer, t, "up", st.up_done[t], "recv") for lk in missing]
                 if not missing and st.up_sending[t] and parent is not None:
                     out.append((parent.peer, t, "up", st.up_done[t], "send"))
@@ -613,6 +671,7 @@ class NodeEngine(Pipeline):
                 th.start()
             self._threads.extend(floods)
             self._failure = err
+            self._abort[0] = 1
             for cv in (self._post_cv, self._done_cv, *self._up_cv, *self._down_cv):
                 cv.notify_all()
             for lk in self._links:

@@ -510,7 +510,8 @@ class NodeComm:
                                 f"within {self.timeout_s:g} s", node=self.node_rank)
         try:
             eng = NodeEngine(node_rank=self.node_rank, addresses=w.peers, zones=w.zones, token=w.settings.token,
-                             chunk_bytes=w.chunk_bytes, timeout_s=self.timeout_s + ENGINE_SLACK_S)
+                             chunk_bytes=w.chunk_bytes, timeout_s=self.timeout_s + ENGINE_SLACK_S,
+                             block_bytes=w.settings.block_bytes, streaming=w.settings.stream)
             eng.start(self.timeout_s)
         except BaseException:
             w.engine_slot.release()

@@ -25,7 +25,14 @@ Data path per op (``K`` local ranks, ``n`` nodes, chunk = ``chunk_bytes``)::
 * **barrier** is a one-element int32 sum when there is more than one node; locally the
   arrival wait already is the barrier.
 
-Both ends are pipelined with the trees.  Across nodes the local reduce runs inside the
+**Streamed ops** (across nodes, an allreduce or reduce whose dtype travels as it is --
+float32, int32, int64 -- and is larger than the engine's inline size): the engine itself
+reduces the ranks' buffers (``inputs``) and writes the result into every target
+(``mirrors``), block by block in the cache, in one numba loop per tree half
+(:mod:`._streamed`, :mod:`._blocks`).  Nothing below runs for them; their local-reduce
+and write-back times are the loops' own.
+
+Otherwise both ends are pipelined with the trees.  Across nodes the local reduce runs inside the
 engine, chunk by chunk, so the first chunk leaves the node after one chunk of local work
 instead of after the whole buffer.  In a tree where this node is a leaf, the engine's fill
 thread calls ``fill`` ahead of the up thread.  In a tree where it has children, the up
@@ -196,24 +203,29 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
               write: Callable[[int, int], None] | None, writer: ThreadPoolExecutor,
               times: dict[str, float], done: Callable[[OpStats], None], avg_divisor: int | None = None,
               fill: Callable[[int, int], None] | None = None, fuse: Fuse | None = None,
-              local_reduce: Callable[[], float] | None = None, post: bool = False) -> OpStats:
+              local_reduce: Callable[[], float] | None = None, post: bool = False,
+              inputs: Sequence[np.ndarray] | None = None, mirrors: Sequence[np.ndarray] = ()) -> OpStats:
     """engine.allreduce with write-back of each final range on the writer thread.
 
     When every final range is small enough to be written on the engine thread that
     reports it, the op is complete as soon as the engine says so: ``done`` runs there.
+    With ``inputs`` the op streams: the engine reduces them and writes the result into
+    ``work`` and ``mirrors`` itself, and its stats carry those phases' times.
     """
     futures: list[Future[None]] = []
     wb = [0.0]
     early = write is None or work.nbytes <= INLINE_WRITE_BYTES
 
-    def take_times() -> None:
+    def take_times(stats: OpStats) -> None:
         times["tree_s"] = time.perf_counter() - t
-        times["writeback_s"] = wb[0]
+        times["writeback_s"] = wb[0] + stats.copyout_s
         if local_reduce is not None:
             times["local_reduce_s"] = local_reduce()
+        elif inputs is not None:
+            times["local_reduce_s"] = stats.reduce_s
 
     def engine_done(stats: OpStats) -> None:
-        take_times()
+        take_times(stats)
         done(stats)
 
     def timed(a: int, b: int) -> None:
@@ -234,7 +246,9 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
                     on_done=engine_done)
         return _POSTED
     try:
-        kw = {"fill": fill, "fuse": fuse} if fill is not None else {}
+        kw: dict[str, Any] = {"fill": fill, "fuse": fuse} if fill is not None else {}
+        if inputs is not None:
+            kw = {"inputs": inputs, "mirrors": mirrors}
         stats = engine.allreduce(work, op, fp, on_final=None if write is None else on_final, deadline_s=deadline_s,
                                  avg_divisor=avg_divisor, on_done=engine_done if early else None, **kw)
     finally:
@@ -243,7 +257,7 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
     bad = next((e for e in failures if e is not None), None)
     if bad is not None:
         raise bad
-    take_times()
+    take_times(stats)
     return stats
 
 
@@ -285,6 +299,12 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
         else:
             copy_into([t[a:b] for t in targets], seg)
 
+    if engine is not None and wdt == plan.dtype and engine.can_stream(work):
+        # the engine's block loops reduce the ranks with the children and write every target
+        # themselves, block by block in the cache (``_blocks``): no fill, fuse or write-back here
+        on_phase("tree")
+        return _run_tree(engine, work, engine_op, fp, deadline_s, None, writer, times, done,
+                         avg_divisor=plan.world_size, inputs=views, mirrors=targets, post=post)
     if engine is not None:
         # the local reduce runs inside the engine, chunk by chunk: on its fill thread, or fused with
         # the children's chunks on the up thread of a tree where this node has children.

@@ -24,13 +24,13 @@ _SIZE = re.compile(r"\s*(\d+)\s*([kmgKMG]?)(i?[bB])?\s*")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
-def parse_size(text: str | int) -> int:
-    """``"4M"`` / ``"512k"`` / ``"4MiB"`` / ``4194304`` -> bytes (binary units)."""
+def parse_size(text: str | int, key: str = "chunk_size") -> int:
+    """``"4M"`` / ``"512k"`` / ``"4MiB"`` / ``4194304`` -> bytes (binary units); a bad one names ``key``."""
     if isinstance(text, int):
         return text
     m = _SIZE.fullmatch(text)
     if not m:
-        raise SettingsError(f"expected a size like 4M, 512k or 1048576, got {text!r}", key="chunk_size",
+        raise SettingsError(f"{key}: expected a size like 4M, 512k or 1048576, got {text!r}", key=key,
                             expected="size")
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
@@ -40,6 +40,12 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     #: bytes per pipeline chunk (local reduce, tree transfer, write-back); "4M" style
     chunk_size: str = "4M"
+    #: bytes per block of a streamed op's loops (receive, reduce, send, copy out while the
+    #: block is in the cache: ``_blocks``); about half the L2 of a core
+    block_size: str = "256K"
+    #: stream large float32/int ops through the engine's block loops (false: the threaded
+    #: fill / fuse / write-back path, kept for comparisons)
+    stream: bool = True
     #: default deadline of one collective when the rank sets none
     timeout_s: float = 60.0
     #: bearer token the node engines present to each other
@@ -60,10 +66,17 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     def chunk_bytes(self) -> int:
         return parse_size(self.chunk_size)
 
+    @property
+    def block_bytes(self) -> int:
+        return parse_size(self.block_size, "block_size")
+
     def __post_init__(self) -> None:
         if parse_size(self.chunk_size) < 64:
             raise SettingsError(f"chunk_size must be at least 64 bytes, got {self.chunk_size!r}",
                                 key="chunk_size", expected="size >= 64")
+        if parse_size(self.block_size, "block_size") < 4096:
+            raise SettingsError(f"block_size must be at least 4K, got {self.block_size!r}",
+                                key="block_size", expected="size >= 4K")
         if self.timeout_s <= 0:
             raise SettingsError(f"timeout_s must be > 0, got {self.timeout_s}", key="timeout_s",
                                 expected="float > 0")

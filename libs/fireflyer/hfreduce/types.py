@@ -59,6 +59,10 @@ class OpStats(msgspec.Struct):
     nbytes: int = 0
     trees: list[TreeStats] = msgspec.field(default_factory=list)
     peers: dict[int, PeerStats] = msgspec.field(default_factory=dict)
+    #: streamed ops (the engine reduces and writes the result itself): seconds in the reduce
+    #: kernels (local inputs and children together) and in copies into the mirrors
+    reduce_s: float = 0.0
+    copyout_s: float = 0.0
     started_at: float = 0.0
     finished_at: float = 0.0
 

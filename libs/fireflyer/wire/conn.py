@@ -176,6 +176,17 @@ class FramedSocket:
             raise self._break(Unavailable(f"connection to {self.peer} failed while sending: {e}",
                                           peer=self.peer, reason="send_failed")) from None
 
+    def send_head(self, header: Header, payload_len: int) -> None:
+        """Send a frame's prefix and header only: the caller sends exactly ``payload_len``
+        payload bytes on the socket itself next, still holding ``send_lock`` (HFReduce's
+        streamed chunks produce their payload block by block)."""
+        try:
+            self._sendmsg(memoryview(encode_head(header, payload_len)), _EMPTY)
+        except OSError as e:
+            self._send_broken = True
+            raise self._break(Unavailable(f"connection to {self.peer} failed while sending: {e}",
+                                          peer=self.peer, reason="send_failed")) from None
+
     def send_frame_parts(self, header: Header, parts: Sequence[Part]) -> None:
         """Send one frame whose payload is ``parts`` in order (byte views and file regions);
         same locking and failure rules as :meth:`send_frame`."""
@@ -301,6 +312,14 @@ class FramedSocket:
                                                 f"({off} of {n} bytes received)",
                                                 reason="truncated", peer=self.peer))
             off += got
+
+    def take_buffered(self, limit: int) -> memoryview:
+        """Up to ``limit`` payload bytes that arrived with the header (the read-ahead), consumed:
+        for a caller that receives the rest of the payload on the socket itself."""
+        k = min(self._rend - self._rpos, limit)
+        view = self._rview[self._rpos:self._rpos + k]
+        self._rpos += k
+        return view
 
     def recv_into_parts(self, dests: Sequence[memoryview]) -> None:
         """Receive a payload scattered over ``dests`` in order (each filled before the next)."""

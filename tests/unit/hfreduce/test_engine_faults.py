@@ -177,3 +177,21 @@ def test_a_peer_closing_during_our_close_collective_is_not_logged(caplog: pytest
         with engines[0]._mu:
             engines[0]._in_op, engines[0]._op = False, None
         close_all(engines)
+
+
+@pytest.mark.parametrize("bad_count,count", [(10, 20000), (20000, 10)])  # a small op against a large one
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_a_small_op_against_a_large_one_is_a_mismatch_on_every_node(bad_count: int, count: int, n: int) -> None:
+    """Small ops' frames go to the ring, large ops' are parked for the up thread: meeting the
+    other kind is reported as the fingerprint mismatch it is, not a timeout."""
+    bad = n - 1
+    engines = make_engines(n)
+    try:
+        arrs = [np.ones(bad_count if i == bad else count, dtype=np.float32) for i in range(n)]
+        t0 = time.monotonic()
+        res = allreduce_all(engines, arrs, "sum", seq=3, join_s=20)
+        assert time.monotonic() - t0 < 5
+        assert all(isinstance(r, FingerprintMismatch) for r in res), res
+        assert all(r.peer == bad for i, r in enumerate(res) if i != bad), res
+    finally:
+        close_all(engines)

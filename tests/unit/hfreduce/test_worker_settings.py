@@ -33,3 +33,14 @@ def test_worker_settings_bad_values_name_the_key() -> None:
         load_worker_settings(env={"FF_HFREDUCE_TIMEOUT_S": "soon"})
     with pytest.raises(SettingsError, match="chunk_size"):
         load_worker_settings(env={"FF_HFREDUCE_CHUNK_SIZE": "8"})
+
+
+def test_worker_block_size_and_stream_switch() -> None:
+    s = load_worker_settings(env={})
+    assert s.block_bytes == 256 << 10 and s.stream is True
+    s = load_worker_settings(env={"FF_HFREDUCE_BLOCK_SIZE": "128K", "FF_HFREDUCE_STREAM": "false"})
+    assert s.block_bytes == 128 << 10 and s.stream is False
+    with pytest.raises(SettingsError, match="block_size"):
+        load_worker_settings(env={"FF_HFREDUCE_BLOCK_SIZE": "1K"})
+    with pytest.raises(SettingsError, match="block_size"):
+        load_worker_settings(env={"FF_HFREDUCE_BLOCK_SIZE": "lots"})

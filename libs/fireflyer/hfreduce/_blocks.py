@@ -1,0 +1,443 @@
+"""Streamed halves: the byte-moving inner loops of large HFReduce ops, sockets included, in numba.
+
+A large op moves its data through several stages on a node: the children's
+partial arrives from a socket, is reduced with the local ranks' buffers, goes on to
+the parent (or, at a root, down to the children) and is copied into every local
+rank's buffer.  Done a chunk (megabytes) per stage, each stage reads what the
+previous one wrote back from memory: the received chunk, the partial, the final
+chunk before its fan-out.  Done in *blocks* of :data:`BLOCK_BYTES`, small enough
+to stay in the core's L2, every stage after the first finds its input in the
+cache, and only the ranks' buffers stream from and to memory.  The kernel's socket
+copies get cheaper too: a receiver that keeps up copies from socket buffers that
+are still cached.
+
+Measured on the 2-core CI VM with a prototype of these loops (2026-11-25, 2 nodes x
+4 ranks and 4 nodes x 1 rank, 64 MiB fp32, interleaved runs): 256 KiB blocks took
+67-82 ms and 97-120 ms per op, 4 MiB blocks 96-108 ms and 120-167 ms.
+
+**One call per half.**  A streamed op sends each tree's half as one frame; one loop
+call moves all of it, with the GIL released and no Python per block (a Python step
+per 4 MiB chunk cost more CPU than the blocks saved).  The loops call ``sendmsg`` /
+``recvmsg`` themselves (libc symbols bound by name, so the compiled code caches like
+the kernels).  The framing of the frame itself stays in Python: the caller sends its
+head (:meth:`FramedSocket.send_head`) and hands over the bytes the reader already
+buffered past the header (``pre``).
+
+**Blocks on the wire.**  Every block is followed by an 8-byte marker,
+``_MAGIC | block << 1 | aborted`` (:func:`framed_bytes` is a frame's length).  A loop
+that must stop early -- its engine failed (``abort[0]`` nonzero, checked before every
+block), a socket failed, a peer aborted -- first ends every frame it is sending with an
+*aborted block* (any bytes, then a marker with the abort bit), so its peers keep their
+framing: they stop at that block and read the abort frame that follows on the link,
+which names the failure, instead of waiting for data that will not come.  A marker
+that is not the expected one is a framing error (``BAD_FRAME``).
+
+**Status array** ``io`` (int64, :data:`IO_LEN` + one slot per input socket),
+written by the loop, read by Python after it returns (and, racily, by the deadline
+thread, to see blocks move and to say whom a stalled op waits for):
+
+- ``io[IO_WAIT_FD]``: the socket of the call the loop is in (-1: none), and
+  ``io[IO_WAIT_SEND]`` 1 for a send, 0 for a receive;
+- ``io[IO_FAIL_FD]``: the socket whose call failed or that sent an aborted or bad
+  block (-1: none), ``io[IO_ERRNO]`` the errno (0: the peer closed the connection);
+- ``io[IO_DONE]``: blocks done;
+- ``io[IO_GOT + i]``: bytes taken from input socket ``i`` (``pre`` included), so that
+  after a failure the rest of a frame can be drained.
+
+``times`` (float64[4]) accumulates seconds spent reducing, receiving, sending and
+copying out.  A loop blocked in a socket call is woken when the engine shuts its
+sockets down.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+from llvmlite import ir
+from numba import carray, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ._lowp import F32, I32
+from .copies import _fan_out
+from .kernels import MAX_INPUTS, _reduce_int, _reduce_typed, _voidptr
+
+__all__ = ["BLOCK_BYTES", "MARKER_BYTES", "OK", "FAILED", "ABORTED", "PEER_ABORTED", "BAD_FRAME", "IO_LEN",
+           "IO_WAIT_FD", "IO_WAIT_SEND", "IO_FAIL_FD", "IO_ERRNO", "IO_DONE", "IO_GOT", "T_REDUCE", "T_RECV",
+           "T_SEND", "T_COPY", "new_io", "up_chunk", "down_chunk", "framed_bytes"]
+
+#: bytes per block of a streamed chunk: the inputs of one block (a child's block, the output
+#: block) stay in a 512 KiB L2 while the local ranks' buffers stream past
+BLOCK_BYTES = 256 << 10
+
+#: loop outcomes: done; a socket call failed (``io`` names it); our engine failed (the outgoing
+#: frames were ended with an aborted block); a peer ended its frame with an aborted block (its
+#: abort frame follows); a block marker was not the expected one (a framing error)
+OK, FAILED, ABORTED, PEER_ABORTED, BAD_FRAME = 0, 1, 2, 3, 4
+IO_WAIT_FD, IO_WAIT_SEND, IO_FAIL_FD, IO_ERRNO, IO_DONE, IO_GOT = 0, 1, 2, 3, 4, 5
+IO_LEN = IO_GOT
+#: bytes of the marker after every block: ``_MAGIC | block << 1 | aborted``
+MARKER_BYTES = 8
+_MAGIC = 0x4646424B << 32  # "FFBK"
+T_REDUCE, T_RECV, T_SEND, T_COPY = 0, 1, 2, 3
+
+_MSG_WAITALL = 0x100
+_MSG_NOSIGNAL = 0x4000  # a closed peer is an error code, not SIGPIPE
+_EINTR = 4
+_CLOCK_MONOTONIC = 1
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+_PTR = ir.IntType(8).as_pointer()
+
+
+def new_io(inputs: int) -> np.ndarray:
+    """A status array for a loop reading from ``inputs`` sockets."""
+    io = np.zeros(IO_LEN + max(1, inputs), dtype=np.int64)
+    io[IO_WAIT_FD] = io[IO_FAIL_FD] = -1
+    return io
+
+
+# ------------------------------------------------------------------ libc, by symbol name
+
+@intrinsic
+def _errno(typingctx):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32.as_pointer(), []),
+                                            "__errno_location")
+        return builder.sext(builder.load(builder.call(fn, [])), _I64)
+
+    return types.int64(), codegen
+
+
+@intrinsic
+def _monotonic_ns(typingctx):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        ts = cgutils.alloca_once(builder, ir.ArrayType(_I64, 2))
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [_I32, _PTR]), "clock_gettime")
+        builder.call(fn, [ir.Constant(_I32, _CLOCK_MONOTONIC), builder.bitcast(ts, _PTR)])
+        sec = builder.load(builder.gep(ts, [ir.Constant(_I32, 0), ir.Constant(_I32, 0)]))
+        nsec = builder.load(builder.gep(ts, [ir.Constant(_I32, 0), ir.Constant(_I32, 1)]))
+        return builder.add(builder.mul(sec, ir.Constant(_I64, 1_000_000_000)), nsec)
+
+    return types.int64(), codegen
+
+
+# ------------------------------------------------------------------ framed blocks
+
+@intrinsic
+def _msg_call(typingctx, name, fd, msghdr, flags):  # type: ignore[no-untyped-def]
+    """``sendmsg`` or ``recvmsg`` (``name`` a literal) with a ``struct msghdr`` at address ``msghdr``."""
+    if not isinstance(name, types.StringLiteral):
+        return None
+    sym = name.literal_value
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        _, fd_v, msg_v, fl_v = args
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I64, [_I32, _PTR, _I32]), sym)
+        return builder.call(fn, [builder.trunc(fd_v, _I32), builder.inttoptr(msg_v, _PTR), builder.trunc(fl_v, _I32)])
+
+    return types.int64(name, types.int64, types.int64, types.int64), codegen
+
+
+@njit(nogil=True, cache=True)
+def _xfer(fd, is_send, iov, msg, pre, pre_pos, slot, io):  # type: ignore[no-untyped-def]
+    """Move exactly the bytes of the segments ``iov`` = [addr0, len0, addr1, len1] (an int64
+    array laid out as two ``struct iovec``, advanced in place) over ``fd`` with one
+    ``sendmsg`` / ``recvmsg(MSG_WAITALL)`` per attempt; ``msg`` is room for a ``struct
+    msghdr``.  A receive first takes the unread bytes of ``pre`` (from ``pre_pos[slot]``).
+    False (and ``io`` says why) on failure."""
+    if not is_send:
+        for s in range(2):
+            k = min(iov[2 * s + 1], pre.shape[0] - pre_pos[slot])
+            if k > 0:
+                d = carray(_voidptr(iov[2 * s]), k, np.uint8)
+                p0 = pre_pos[slot]
+                for j in range(k):
+                    d[j] = pre[p0 + j]
+                pre_pos[slot] += k
+                io[IO_GOT + slot] += k
+                iov[2 * s] += k
+                iov[2 * s + 1] -= k
+    io[IO_WAIT_FD] = fd
+    io[IO_WAIT_SEND] = 1 if is_send else 0
+    base = iov.ctypes.data
+    while True:
+        first = 0 if iov[1] > 0 else 1
+        if iov[2 * first + 1] == 0:
+            break
+        msg[2] = base + first * 16
+        msg[3] = 2 - first
+        if is_send:
+            r = _msg_call("sendmsg", fd, msg.ctypes.data, _MSG_NOSIGNAL)
+        else:
+            r = _msg_call("recvmsg", fd, msg.ctypes.data, _MSG_WAITALL)
+        if r > 0:
+            if not is_send:
+                io[IO_GOT + slot] += r
+            for s in range(first, 2):
+                take = min(r, iov[2 * s + 1])
+                iov[2 * s] += take
+                iov[2 * s + 1] -= take
+                r -= take
+            continue
+        e = 0 if r == 0 else _errno()
+        if e == _EINTR:
+            continue
+        io[IO_FAIL_FD] = fd
+        io[IO_ERRNO] = e
+        io[IO_WAIT_FD] = -1
+        return False
+    io[IO_WAIT_FD] = -1
+    return True
+
+
+@njit(nogil=True, cache=True)
+def _send_block(fd, addr, nb, marker, st):  # type: ignore[no-untyped-def]
+    """One block and its trailing marker to ``fd`` (``st``: the loop's :class:`_State` arrays)."""
+    iov, msg, mk_out = st[0], st[1], st[2]
+    mk_out[0] = marker
+    iov[0] = addr
+    iov[1] = nb
+    iov[2] = mk_out.ctypes.data
+    iov[3] = 8
+    return _xfer(fd, True, iov, msg, st[4][:0], st[3], 0, st[5])
+
+
+@njit(nogil=True, cache=True)
+def _recv_block(fd, addr, nb, pre, slot, st):  # type: ignore[no-untyped-def]
+    """One block from ``fd`` into ``addr`` and its marker into ``st[4][slot]``."""
+    iov, msg, mk_in = st[0], st[1], st[4]
+    iov[0] = addr
+    iov[1] = nb
+    iov[2] = mk_in.ctypes.data + slot * 8
+    iov[3] = 8
+    return _xfer(fd, False, iov, msg, pre, st[3], slot, st[5])
+
+
+@njit(nogil=True, cache=True)
+def _marker(block, abort):  # type: ignore[no-untyped-def]
+    return _MAGIC | (block << 1) | abort
+
+
+@njit(nogil=True, cache=True)
+def _check_marker(st, slot, block, fd):  # type: ignore[no-untyped-def]
+    """OK, PEER_ABORTED (the sender stopped: this block is not data) or BAD_FRAME."""
+    mk = st[4][slot]
+    io = st[5]
+    if mk == _marker(block, 0):
+        return OK
+    io[IO_FAIL_FD] = fd
+    if mk == _marker(block, 1):
+        return PEER_ABORTED
+    io[IO_ERRNO] = 0
+    return BAD_FRAME
+
+
+@njit(nogil=True, cache=True)
+def _end_outputs(rc, outs, sent, src, work, isz, a, b, blk, st):  # type: ignore[no-untyped-def]
+    """A loop stops early with ``rc``: end every outgoing frame with an aborted block (any bytes
+    -- from ``src`` if nonzero, else from ``work`` at the block's place -- then the abort
+    marker) at the block it is at, so the peers keep their framing and read the abort frame
+    that follows instead of waiting for a payload that will not come.  An output whose send
+    failed is left alone: that connection is broken.  Returns ``rc``."""
+    io = st[5]
+    why = (io[IO_FAIL_FD], io[IO_ERRNO], io[IO_WAIT_FD], io[IO_WAIT_SEND])
+    for i in range(outs.shape[0]):
+        lo = a + sent[i] * blk
+        if (rc == FAILED and why[3] == 1 and outs[i] == why[0]) or lo >= b:
+            continue
+        nb = (min(b, lo + blk) - lo) * isz
+        _send_block(outs[i], src if src else work + lo * isz, nb, _marker(sent[i], 1), st)  # best effort
+    io[IO_FAIL_FD], io[IO_ERRNO], io[IO_WAIT_FD], io[IO_WAIT_SEND] = why  # (the sends may have changed them)
+    return rc
+
+
+def framed_bytes(count: int, blk: int, isz: int) -> int:
+    """Wire length of a streamed frame of ``count`` elements in blocks of ``blk``: each block of
+    ``isz``-byte elements is followed by its marker."""
+    return count * isz + MARKER_BYTES * -(-count // blk)
+
+
+# ------------------------------------------------------------------ block steps
+
+@njit(nogil=True, cache=True)
+def _reduce(fmt, op, isz, out_base, ins, a, b):  # type: ignore[no-untyped-def]
+    """Elements [a, b) of ``reduce(ins)`` (left to right) at ``out_base + i * isz``."""
+    if fmt == F32:
+        _reduce_typed(np.float32(0), out_base, fmt, ins, isz, a, b, op)
+    else:
+        _reduce_int(out_base, ins, fmt, a, b, op)
+
+
+@njit(nogil=True, cache=True)
+def _divide(fmt, addr, m, divisor):  # type: ignore[no-untyped-def]
+    """``x /= divisor`` for ``m`` elements at ``addr``: float32 true division, integer floor
+    division (``divide_inplace``'s semantics, so streamed and threaded ops agree bit for bit)."""
+    p = _voidptr(addr)
+    if fmt == F32:
+        x = carray(p, m, np.float32)
+        d = np.float32(divisor)
+        for j in range(m):
+            x[j] = x[j] / d
+    elif fmt == I32:
+        y = carray(p, m, np.int32)
+        d32 = np.int32(divisor)
+        for j in range(m):
+            y[j] = y[j] // d32
+    else:
+        z = carray(p, m, np.int64)
+        d64 = np.int64(divisor)
+        for j in range(m):
+            z[j] = z[j] // d64
+
+
+@njit(nogil=True, cache=True)
+def _plain_fan_out(dsts, src, nbytes, block):  # type: ignore[no-untyped-def]
+    s = carray(_voidptr(src), nbytes, np.uint8)
+    for i in range(dsts.shape[0]):
+        d = carray(_voidptr(dsts[i]), nbytes, np.uint8)
+        for j in range(nbytes):
+            d[j] = s[j]
+
+
+#: the write-back of a block into the mirrors: the source is in the cache, the mirrors are
+#: not read again soon, so non-temporal stores where the machine has them (x86; chosen here,
+#: not in the loop, because the other machines cannot compile the x86 fence)
+_fan_out_block = _fan_out if platform.machine().lower() in ("x86_64", "amd64") else _plain_fan_out
+
+
+@njit(nogil=True, cache=True)
+def _copy_out(mirrors, off, dsts, src, nbytes):  # type: ignore[no-untyped-def]
+    """``nbytes`` at ``src`` to ``off`` bytes into every mirror (``dsts``: room for the addresses)."""
+    if mirrors.shape[0] and nbytes:
+        for i in range(mirrors.shape[0]):
+            dsts[i] = mirrors[i] + off
+        _fan_out_block(dsts, src, nbytes, nbytes)
+
+
+@njit(nogil=True, cache=True)
+def _new_state(inputs, io):  # type: ignore[no-untyped-def]
+    """A loop's scratch: iovecs, msghdr, outgoing marker, prefix positions, incoming markers, ``io``."""
+    n = max(1, inputs)
+    return (np.zeros(4, np.int64), np.zeros(7, np.int64), np.zeros(1, np.int64), np.zeros(n, np.int64),
+            np.zeros(n, np.int64), io)
+
+
+@njit(nogil=True, cache=True)
+def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent, mirrors, divisor,
+             a, b, blk, io, abort, times):  # type: ignore[no-untyped-def]
+    """Elements [a, b) of one tree's up step, block by block (see the module docs).
+
+    ``own``: base addresses of the local inputs (element ``i`` of input ``r`` at
+    ``own[r] + i * isz``); ``fds``: the children's sockets in tree order, whose
+    frames start with ``pre[i, :pre_len[i]]``; ``slots``: one block of room per
+    child.  Each block is reduced left to right over ``own`` then the children.
+    ``parent >= 0``: the block goes from ``scratch`` (one block of room) to the
+    parent.  ``parent < 0`` (the root): it lands in ``work`` (element ``i`` at
+    ``work + i * isz``), is divided by ``divisor`` (> 1: ``avg``), sent down to every
+    child and copied into every ``mirrors`` address.  Returns OK, FAILED, ABORTED,
+    PEER_ABORTED or BAD_FRAME; on all but OK every outgoing frame is ended first.
+    """
+    k = own.shape[0]
+    m = fds.shape[0]
+    st = _new_state(m, io)
+    ins = np.empty(k + m, np.int64)
+    for r in range(k):
+        ins[r] = own[r]
+    wide = k + m > MAX_INPUTS  # more inputs than one kernel call takes: several passes
+    ins2 = np.empty(MAX_INPUTS, np.int64)
+    dsts = np.empty(mirrors.shape[0], np.int64)
+    if parent >= 0:
+        outs = np.full(1, parent, np.int64)
+        spare = scratch  # an aborted block's bytes: any block-sized room of ours
+    else:
+        outs = fds.copy()
+        spare = 0
+    sent = np.zeros(outs.shape[0], np.int64)
+    block = 0
+    for lo in range(a, b, blk):
+        hi = min(b, lo + blk)
+        n = hi - lo
+        nb = n * isz
+        if abort[0] != 0:
+            return _end_outputs(ABORTED, outs, sent, spare, work, isz, a, b, blk, st)
+        t0 = _monotonic_ns()
+        for i in range(m):
+            if not _recv_block(fds[i], slots[i], nb, pre[i, :pre_len[i]], i, st):
+                return _end_outputs(FAILED, outs, sent, spare, work, isz, a, b, blk, st)
+            rc = _check_marker(st, i, block, fds[i])
+            if rc != OK:
+                return _end_outputs(rc, outs, sent, spare, work, isz, a, b, blk, st)
+            ins[k + i] = slots[i] - lo * isz  # so that element lo is the slot's first
+        t1 = _monotonic_ns()
+        times[T_RECV] += (t1 - t0) * 1e-9
+        out_base = scratch - lo * isz if parent >= 0 else work
+        if parent >= 0 and k + m == 1:
+            src = own[0] + lo * isz  # a leaf with one local input sends it as it is
+        else:
+            src = out_base + lo * isz
+            if wide:  # left to right all the same: the first inputs, then the rest in groups
+                r = min(k, MAX_INPUTS)
+                _reduce(fmt, op, isz, out_base, ins[:r], lo, hi)
+                while r < k + m:
+                    g = min(MAX_INPUTS - 1, k + m - r)
+                    ins2[0] = out_base
+                    ins2[1:g + 1] = ins[r:r + g]
+                    _reduce(fmt, op, isz, out_base, ins2[:g + 1], lo, hi)
+                    r += g
+            elif parent >= 0 or k + m > 1 or own[0] != work:
+                _reduce(fmt, op, isz, out_base, ins, lo, hi)
+            if parent < 0 and divisor > 1:
+                _divide(fmt, src, n, divisor)
+        t2 = _monotonic_ns()
+        times[T_REDUCE] += (t2 - t1) * 1e-9
+        for i in range(outs.shape[0]):
+            if not _send_block(outs[i], src, nb, _marker(block, 0), st):
+                return _end_outputs(FAILED, outs, sent, spare, work, isz, a, b, blk, st)
+            sent[i] += 1
+        t3 = _monotonic_ns()
+        times[T_SEND] += (t3 - t2) * 1e-9
+        if parent < 0:
+            _copy_out(mirrors, lo * isz, dsts, src, nb)
+            times[T_COPY] += (_monotonic_ns() - t3) * 1e-9
+        block += 1
+        io[IO_DONE] = block
+    return OK
+
+
+@njit(nogil=True, cache=True)
+def down_chunk(fd, pre, work, fds, mirrors, isz, a, b, blk, io, abort, times):  # type: ignore[no-untyped-def]
+    """Elements [a, b) of a final chunk from the parent (``fd``, frame starting with ``pre``),
+    block by block: into ``work``, on to every child in ``fds``, into every ``mirrors``
+    address.  Returns OK, FAILED, ABORTED, PEER_ABORTED or BAD_FRAME; on all but OK the
+    frames to the children are ended first."""
+    st = _new_state(1, io)
+    dsts = np.empty(mirrors.shape[0], np.int64)
+    sent = np.zeros(fds.shape[0], np.int64)
+    block = 0
+    for lo in range(a, b, blk):
+        hi = min(b, lo + blk)
+        nb = (hi - lo) * isz
+        dst = work + lo * isz
+        if abort[0] != 0:
+            return _end_outputs(ABORTED, fds, sent, 0, work, isz, a, b, blk, st)
+        t0 = _monotonic_ns()
+        if not _recv_block(fd, dst, nb, pre, 0, st):
+            return _end_outputs(FAILED, fds, sent, 0, work, isz, a, b, blk, st)
+        rc = _check_marker(st, 0, block, fd)
+        if rc != OK:
+            return _end_outputs(rc, fds, sent, 0, work, isz, a, b, blk, st)
+        t1 = _monotonic_ns()
+        times[T_RECV] += (t1 - t0) * 1e-9
+        for i in range(fds.shape[0]):
+            if not _send_block(fds[i], dst, nb, _marker(block, 0), st):
+                return _end_outputs(FAILED, fds, sent, 0, work, isz, a, b, blk, st)
+            sent[i] += 1
+        t2 = _monotonic_ns()
+        times[T_SEND] += (t2 - t1) * 1e-9
+        _copy_out(mirrors, lo * isz, dsts, dst, nb)
+        times[T_COPY] += (_monotonic_ns() - t2) * 1e-9
+        block += 1
+        io[IO_DONE] = block
+    return OK

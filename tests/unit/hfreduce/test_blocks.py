@@ -1,0 +1,287 @@
+"""The streamed-chunk block loops (:mod:`fireflyer.hfreduce._blocks`) over real socket pairs."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+import numpy as np
+import pytest
+
+from fireflyer.hfreduce import _blocks as B
+from fireflyer.hfreduce.kernels import _FORMATS, _OP_CODE
+
+MAGIC = 0x4646424B << 32
+
+
+def marker(block: int, aborted: bool = False) -> bytes:
+    return struct.pack("<q", MAGIC | block << 1 | int(aborted))
+
+
+def framed(data: bytes, block_bytes: int, *, abort_at: int | None = None) -> bytes:
+    """``data`` as a streamed frame: blocks, each followed by its marker (``abort_at``: the
+    sender stops there with an aborted block of the same size)."""
+    out = bytearray()
+    for i, off in enumerate(range(0, len(data), block_bytes)):
+        block = data[off:off + block_bytes]
+        if abort_at == i:
+            return bytes(out + b"\0" * len(block) + marker(i, True))
+        out += block + marker(i)
+    return bytes(out)
+
+
+def unframed(wire: bytes, block_bytes: int, nbytes: int) -> bytes:
+    """The payload of a streamed frame, checking every marker."""
+    out = bytearray()
+    pos, i = 0, 0
+    while len(out) < nbytes:
+        n = min(block_bytes, nbytes - len(out))
+        out += wire[pos:pos + n]
+        assert wire[pos + n:pos + n + 8] == marker(i), f"block {i}: bad marker"
+        pos += n + 8
+        i += 1
+    assert pos == len(wire)
+    return bytes(out)
+
+
+def _sender(sock: socket.socket, data: bytes) -> threading.Thread:
+    th = threading.Thread(target=sock.sendall, args=(data,), daemon=True)
+    th.start()
+    return th
+
+
+def _receiver(sock: socket.socket, n: int, out: list[bytes]) -> threading.Thread:
+    def body() -> None:
+        buf = bytearray()
+        while len(buf) < n:
+            got = sock.recv(n - len(buf))
+            if not got:
+                break
+            buf += got
+        out.append(bytes(buf))
+
+    th = threading.Thread(target=body, daemon=True)
+    th.start()
+    return th
+
+
+def _ref(inputs: list[np.ndarray], op: str) -> np.ndarray:
+    fn = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]
+    acc = inputs[0].copy()
+    for x in inputs[1:]:
+        acc = fn(acc, x)  # left to right, in the dtype (float32 / wrapping ints): the kernels' bits
+    return acc
+
+
+def _addrs(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.array([a.ctypes.data for a in arrays], dtype=np.int64)
+
+
+def _data(rng: np.random.Generator, dtype: np.dtype, n: int) -> np.ndarray:
+    if dtype.kind == "f":
+        return rng.standard_normal(n).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+
+
+def _run_up(dt: np.dtype, op: str, own: list[np.ndarray], kids: list[bytes], a: int, b: int, blk: int, *,
+            root: bool, work: np.ndarray | None = None, mirrors: list[np.ndarray] = (), divisor: int = 1,
+            pre_cut: list[int] | None = None, abort: int = 0) -> tuple[int, np.ndarray, list[bytes], list[bytes]]:
+    """up_chunk with the children's frames arriving on socket pairs; (rc, io, what the parent got
+    or [], what each child got down or [])."""
+    m = len(kids)
+    links = [socket.socketpair() for _ in range(m)]
+    cuts = pre_cut or [0] * m
+    pre = np.zeros((max(1, m), max(cuts, default=0) or 1), dtype=np.uint8)
+    pre_len = np.zeros(max(1, m), dtype=np.int64)
+    threads = []
+    for i, ((_, theirs), wire) in enumerate(zip(links, kids, strict=True)):
+        pre[i, :cuts[i]] = np.frombuffer(wire[:cuts[i]], dtype=np.uint8)
+        pre_len[i] = cuts[i]
+        threads.append(_sender(theirs, wire[cuts[i]:]))
+    wire_len = B.framed_bytes(b - a, blk, dt.itemsize)
+    up = socket.socketpair()
+    got_up: list[bytes] = []
+    downs: list[list[bytes]] = [[] for _ in range(m)]
+    if root:
+        threads += [_receiver(theirs, wire_len, downs[i]) for i, (_, theirs) in enumerate(links)]
+    else:
+        threads.append(_receiver(up[1], wire_len, got_up))
+    slots = [np.empty(blk * dt.itemsize, dtype=np.uint8) for _ in range(m)]  # (referenced: the loop gets addresses)
+    scratch = np.empty(blk * dt.itemsize, dtype=np.uint8)
+    io = B.new_io(m)
+    times = np.zeros(4)
+    rc = B.up_chunk(_FORMATS[dt], _OP_CODE[op], dt.itemsize, _addrs(own),
+                    np.array([s.fileno() for s, _ in links], dtype=np.int64), pre, pre_len, _addrs(slots),
+                    scratch.ctypes.data, 0 if work is None else work.ctypes.data, -1 if root else up[0].fileno(),
+                    _addrs(list(mirrors)), divisor, a, b, blk, io, np.array([abort], dtype=np.int64), times)
+    if rc != B.OK:  # nothing more is coming: let the receivers finish with what they have
+        for s in [up[0], *(s for s, _ in links)]:
+            s.shutdown(socket.SHUT_WR)
+    for th in threads:
+        th.join(10)
+    assert times.min() >= 0
+    return rc, io, got_up, [d[0] if d else b"" for d in downs]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "int64"])
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+@pytest.mark.parametrize("k,m", [(1, 0), (1, 1), (3, 2), (4, 1), (16, 2), (20, 1)])
+def test_up_chunk_at_an_interior_node_sends_the_reduce_of_ranks_then_children(dtype: str, op: str, k: int,
+                                                                            m: int) -> None:
+    rng = np.random.default_rng(k * 10 + m)
+    dt = np.dtype(dtype)
+    count, a, b, blk = 5000, 1234, 4321, 333  # a range inside the buffer, blocks that do not divide it
+    own = [_data(rng, dt, count) for _ in range(k)]
+    kids = [_data(rng, dt, b - a) for _ in range(m)]
+    wires = [framed(x.tobytes(), blk * dt.itemsize) for x in kids]
+    rc, io, got_up, _ = _run_up(dt, op, own, wires, a, b, blk, root=False, pre_cut=[0, 5, 1500][:m])
+    assert rc == B.OK
+    want = _ref([x[a:b] for x in own] + kids, op)  # more than 16 inputs: same bits, several passes
+    assert unframed(got_up[0], blk * dt.itemsize, want.nbytes) == want.tobytes()
+    for i in range(m):
+        assert io[B.IO_GOT + i] == len(wires[i])  # prefix bytes count as taken
+    assert io[B.IO_FAIL_FD] == -1 and io[B.IO_WAIT_FD] == -1
+    assert io[B.IO_DONE] == -(-(b - a) // blk)
+
+
+@pytest.mark.parametrize("dtype,divisor", [("float32", 1), ("float32", 6), ("int32", 6), ("int64", 3)])
+def test_up_chunk_at_the_root_finalises_in_work_sends_down_and_fills_the_mirrors(dtype: str, divisor: int) -> None:
+    rng = np.random.default_rng(divisor)
+    dt = np.dtype(dtype)
+    count, a, b, blk = 3000, 100, 2900, 256
+    own = [_data(rng, dt, count) for _ in range(3)]
+    before = own[0].copy()
+    kids = [_data(rng, dt, b - a) for _ in range(2)]
+    want = _ref([x[a:b] for x in own] + kids, "sum")  # (before the call: own[0] is the output too)
+    if divisor > 1:
+        want = np.floor_divide(want, dt.type(divisor)) if dt.kind == "i" else np.divide(want, dt.type(divisor))
+    mirrors = [np.zeros(count, dtype=dt) for _ in range(2)]
+    rc, _, _, downs = _run_up(dt, "sum", own, [framed(x.tobytes(), blk * dt.itemsize) for x in kids], a, b, blk,
+                              root=True, work=own[0], mirrors=mirrors, divisor=divisor)
+    assert rc == B.OK
+    assert own[0][a:b].tobytes() == want.tobytes()  # in place: work is the first input
+    assert np.array_equal(own[0][:a], before[:a]) and np.array_equal(own[0][b:], before[b:])  # nothing outside
+    for i in range(2):
+        assert unframed(downs[i], blk * dt.itemsize, want.nbytes) == want.tobytes()
+        assert mirrors[i][a:b].tobytes() == want.tobytes()
+        assert not mirrors[i][:a].any() and not mirrors[i][b:].any()
+
+
+def test_down_chunk_lands_in_work_forwards_to_the_children_and_fills_the_mirrors() -> None:
+    rng = np.random.default_rng(7)
+    count, a, b, blk = 70_000, 5_000, 69_999, 16_384  # several blocks, a short last one
+    final = rng.standard_normal(b - a).astype(np.float32)
+    raw = final.tobytes()
+    wire = framed(raw, blk * 4)
+    up = socket.socketpair()
+    pre = np.frombuffer(wire[:1500], dtype=np.uint8).copy()
+    tx = _sender(up[1], wire[1500:])
+    links = [socket.socketpair() for _ in range(2)]
+    outs: list[list[bytes]] = [[], []]
+    rxs = [_receiver(theirs, len(wire), outs[i]) for i, (_, theirs) in enumerate(links)]
+    work = np.zeros(count, np.float32)
+    mirrors = [np.zeros(count, np.float32) for _ in range(3)]
+    io = B.new_io(1)
+    times = np.zeros(4)
+    rc = B.down_chunk(up[0].fileno(), pre, work.ctypes.data, np.array([s.fileno() for s, _ in links], np.int64),
+                      _addrs(mirrors), 4, a, b, blk, io, np.zeros(1, np.int64), times)
+    for th in [tx, *rxs]:
+        th.join(10)
+    assert rc == B.OK
+    assert work[a:b].tobytes() == raw and not work[:a].any() and not work[b:].any()
+    assert all(o[0] == wire for o in outs)  # forwarded as framed
+    assert all(mm[a:b].tobytes() == raw for mm in mirrors)
+    assert io[B.IO_GOT] == len(wire)
+    assert times[B.T_COPY] > 0
+
+
+def test_a_peer_that_closes_mid_frame_fails_the_loop_naming_its_socket_and_what_was_taken() -> None:
+    up = socket.socketpair()
+    wire = framed(b"\1" * 4000, 1024)
+    up[1].sendall(wire[:1500])
+    up[1].close()  # then EOF
+    io = B.new_io(1)
+    work = np.zeros(1000, np.float32)  # (referenced: the loop only gets its address)
+    rc = B.down_chunk(up[0].fileno(), np.zeros(0, np.uint8), work.ctypes.data, np.zeros(0, np.int64),
+                      np.zeros(0, np.int64), 4, 0, 1000, 256, io, np.zeros(1, np.int64), np.zeros(4))
+    assert rc == B.FAILED
+    assert io[B.IO_FAIL_FD] == up[0].fileno() and io[B.IO_ERRNO] == 0  # 0: the peer closed
+    assert io[B.IO_GOT] == 1500 and io[B.IO_DONE] == 1
+    assert io[B.IO_WAIT_FD] == -1
+
+
+def test_an_aborted_block_from_a_child_stops_the_up_loop_with_its_socket_and_frame_consumed() -> None:
+    dt = np.dtype(np.float32)
+    own = [np.ones(4000, dt)]
+    kids = [framed(np.ones(4000, dt).tobytes(), 1024), framed(np.ones(4000, dt).tobytes(), 1024, abort_at=2)]
+    rc, io, got_up, _ = _run_up(dt, "sum", own, kids, 0, 4000, 256, root=False)
+    assert rc == B.PEER_ABORTED
+    assert io[B.IO_DONE] == 2 and io[B.IO_GOT + 1] == 3 * (1024 + 8)  # the aborted block ends its frame
+    assert io[B.IO_FAIL_FD] >= 0  # the child's socket (the parent's, after the abort went up, is not it)
+    # two good blocks went up, then our own frame ended with an aborted block too
+    assert len(got_up[0]) == 3 * (1024 + 8) and got_up[0][-8:] == marker(2, True)
+    assert got_up[0][1024:1032] == marker(0) and got_up[0][2056:2064] == marker(1)
+
+
+def test_our_abort_ends_every_outgoing_frame_with_an_aborted_block() -> None:
+    dt = np.dtype(np.float32)
+    rc, _, _, downs = _run_up(dt, "sum", [np.ones(4000, dt)], [framed(np.ones(4000, dt).tobytes(), 1024)] * 2,
+                              0, 4000, 256, root=True, work=np.ones(4000, dt), abort=1)
+    assert rc == B.ABORTED
+    assert all(len(d) == 1032 and d[-8:] == marker(0, True) for d in downs)
+
+
+def test_a_wrong_marker_is_a_framing_error() -> None:
+    up = socket.socketpair()
+    wire = bytearray(framed(b"\1" * 2048, 1024))
+    wire[1024 + 8 + 1024:] = marker(5)  # block 1 claims to be block 5
+    up[1].sendall(bytes(wire))
+    io = B.new_io(1)
+    work = np.zeros(512, np.float32)
+    rc = B.down_chunk(up[0].fileno(), np.zeros(0, np.uint8), work.ctypes.data, np.zeros(0, np.int64),
+                      np.zeros(0, np.int64), 4, 0, 512, 256, io, np.zeros(1, np.int64), np.zeros(4))
+    assert rc == B.BAD_FRAME and io[B.IO_FAIL_FD] == up[0].fileno() and io[B.IO_DONE] == 1
+
+
+def test_the_abort_flag_stops_a_loop_before_its_first_block() -> None:
+    up = socket.socketpair()
+    io = B.new_io(1)
+    work = np.zeros(100, np.float32)
+    rc = B.down_chunk(up[0].fileno(), np.zeros(0, np.uint8), work.ctypes.data, np.zeros(0, np.int64),
+                      np.zeros(0, np.int64), 4, 0, 100, 10, io, np.ones(1, np.int64), np.zeros(4))
+    assert rc == B.ABORTED
+    assert io[B.IO_GOT] == 0 and io[B.IO_DONE] == 0
+
+
+def test_framed_bytes_counts_one_marker_per_block() -> None:
+    assert B.framed_bytes(0, 256, 4) == 0
+    assert B.framed_bytes(1, 256, 4) == 4 + 8
+    assert B.framed_bytes(512, 256, 4) == 2048 + 16
+    assert B.framed_bytes(513, 256, 8) == 513 * 8 + 24
+
+
+def test_a_child_lost_mid_frame_fails_the_root_which_ends_every_frame_going_down() -> None:
+    dt = np.dtype(np.float32)
+    good = framed(np.ones(2000, dt).tobytes(), 1024)
+    links = [socket.socketpair() for _ in range(2)]
+    links[0][1].sendall(good)
+    links[1][1].sendall(good[:1032 + 100])  # one block and a bit, then nothing more from child 1
+    links[1][1].shutdown(socket.SHUT_WR)
+    outs: list[list[bytes]] = [[], []]
+    rxs = [_receiver(theirs, len(good), outs[i]) for i, (_, theirs) in enumerate(links)]
+    work = np.ones(2000, dt)
+    io = B.new_io(2)
+    slots = [np.empty(1024, np.uint8) for _ in range(2)]
+    rc = B.up_chunk(_FORMATS[dt], 0, 4, _addrs([work]), np.array([s.fileno() for s, _ in links], np.int64),
+                    np.zeros((2, 1), np.uint8), np.zeros(2, np.int64), _addrs(slots), 0, work.ctypes.data, -1,
+                    np.zeros(0, np.int64), 1, 0, 2000, 256, io, np.zeros(1, np.int64), np.zeros(4))
+    for s, _ in links:
+        s.shutdown(socket.SHUT_WR)
+    for th in rxs:
+        th.join(10)
+    assert rc == B.FAILED and io[B.IO_FAIL_FD] == links[1][0].fileno() and io[B.IO_ERRNO] == 0
+    assert io[B.IO_DONE] == 1 and io[B.IO_GOT + 1] == 1032 + 100
+    for got in (outs[0][0], outs[1][0]):  # block 0 went down to both, then an aborted block 1
+        assert len(got) == 2 * 1032 and got[1024:1032] == marker(0) and got[-8:] == marker(1, True)
