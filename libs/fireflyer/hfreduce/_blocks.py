@@ -308,11 +308,13 @@ _fan_out_block = _fan_out if platform.machine().lower() in ("x86_64", "amd64") e
 
 
 @njit(nogil=True, cache=True)
-def _copy_out(mirrors, off, dsts, src, nbytes):  # type: ignore[no-untyped-def]
-    """``nbytes`` at ``src`` to ``off`` bytes into every mirror (``dsts``: room for the addresses)."""
-    if mirrors.shape[0] and nbytes:
+def _copy_out(work, mirrors, off, dsts, src, nbytes):  # type: ignore[no-untyped-def]
+    """``nbytes`` at ``src`` to ``off`` bytes into ``work`` and every mirror (``dsts``: room for
+    the addresses)."""
+    if nbytes:
+        dsts[0] = work + off
         for i in range(mirrors.shape[0]):
-            dsts[i] = mirrors[i] + off
+            dsts[i + 1] = mirrors[i] + off
         _fan_out_block(dsts, src, nbytes, nbytes)
 
 
@@ -347,7 +349,11 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
         ins[r] = own[r]
     wide = k + m > MAX_INPUTS  # more inputs than one kernel call takes: several passes
     ins2 = np.empty(MAX_INPUTS, np.int64)
-    dsts = np.empty(mirrors.shape[0], np.int64)
+    dsts = np.empty(mirrors.shape[0] + 1, np.int64)
+    # a root with mirrors makes each final block in ``scratch`` (in the cache) and writes it to
+    # work and the mirrors with non-temporal stores: work's lines are never read just to be
+    # overwritten, and the sends down read the block from the cache
+    stage = parent < 0 and mirrors.shape[0] > 0
     if parent >= 0:
         outs = np.full(1, parent, np.int64)
         spare = scratch  # an aborted block's bytes: any block-sized room of ours
@@ -372,7 +378,7 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
             ins[k + i] = slots[i] - lo * isz  # so that element lo is the slot's first
         t1 = _monotonic_ns()
         times[T_RECV] += (t1 - t0) * 1e-9
-        out_base = scratch - lo * isz if parent >= 0 else work
+        out_base = scratch - lo * isz if parent >= 0 or stage else work
         if parent >= 0 and k + m == 1:
             src = own[0] + lo * isz  # a leaf with one local input sends it as it is
         else:
@@ -386,7 +392,7 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
                     ins2[1:g + 1] = ins[r:r + g]
                     _reduce(fmt, op, isz, out_base, ins2[:g + 1], lo, hi)
                     r += g
-            elif parent >= 0 or k + m > 1 or own[0] != work:
+            elif parent >= 0 or stage or k + m > 1 or own[0] != work:
                 _reduce(fmt, op, isz, out_base, ins, lo, hi)
             if parent < 0 and divisor > 1:
                 _divide(fmt, src, n, divisor)
@@ -398,8 +404,8 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
             sent[i] += 1
         t3 = _monotonic_ns()
         times[T_SEND] += (t3 - t2) * 1e-9
-        if parent < 0:
-            _copy_out(mirrors, lo * isz, dsts, src, nb)
+        if stage:
+            _copy_out(work, mirrors, lo * isz, dsts, src, nb)
             times[T_COPY] += (_monotonic_ns() - t3) * 1e-9
         block += 1
         io[IO_DONE] = block
@@ -407,19 +413,21 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
 
 
 @njit(nogil=True, cache=True)
-def down_chunk(fd, pre, work, fds, mirrors, isz, a, b, blk, io, abort, times):  # type: ignore[no-untyped-def]
+def down_chunk(fd, pre, work, scratch, fds, mirrors, isz, a, b, blk, io, abort, times):  # type: ignore[no-untyped-def]
     """Elements [a, b) of a final chunk from the parent (``fd``, frame starting with ``pre``),
     block by block: into ``work``, on to every child in ``fds``, into every ``mirrors``
-    address.  Returns OK, FAILED, ABORTED, PEER_ABORTED or BAD_FRAME; on all but OK the
-    frames to the children are ended first."""
+    address (with mirrors, each block lands in ``scratch``, one block of room, and goes to
+    work and the mirrors with non-temporal stores).  Returns OK, FAILED, ABORTED,
+    PEER_ABORTED or BAD_FRAME; on all but OK the frames to the children are ended first."""
     st = _new_state(1, io)
-    dsts = np.empty(mirrors.shape[0], np.int64)
+    dsts = np.empty(mirrors.shape[0] + 1, np.int64)
+    stage = mirrors.shape[0] > 0
     sent = np.zeros(fds.shape[0], np.int64)
     block = 0
     for lo in range(a, b, blk):
         hi = min(b, lo + blk)
         nb = (hi - lo) * isz
-        dst = work + lo * isz
+        dst = scratch if stage else work + lo * isz
         if abort[0] != 0:
             return _end_outputs(ABORTED, fds, sent, 0, work, isz, a, b, blk, st)
         t0 = _monotonic_ns()
@@ -436,8 +444,9 @@ def down_chunk(fd, pre, work, fds, mirrors, isz, a, b, blk, io, abort, times):  
             sent[i] += 1
         t2 = _monotonic_ns()
         times[T_SEND] += (t2 - t1) * 1e-9
-        _copy_out(mirrors, lo * isz, dsts, dst, nb)
-        times[T_COPY] += (_monotonic_ns() - t2) * 1e-9
+        if stage:
+            _copy_out(work, mirrors, lo * isz, dsts, dst, nb)
+            times[T_COPY] += (_monotonic_ns() - t2) * 1e-9
         block += 1
         io[IO_DONE] = block
     return OK

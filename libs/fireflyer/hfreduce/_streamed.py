@@ -143,7 +143,7 @@ class Streaming:
                          for t in (0, 1)]
         self._child_fds = [np.array([lk.fs.sock.fileno() for lk in self._children[t]], dtype=np.int64)
                            for t in (0, 1)]
-        self._down_bufs = {id(lk): _LoopBuffers(1, 0) for lk in self._links if lk.role != CHILD}
+        self._down_bufs = {id(lk): _LoopBuffers(1, self.block_bytes) for lk in self._links if lk.role != CHILD}
         self._by_fd = {lk.fs.sock.fileno(): lk for lk in self._links}
         self._loops_seen: tuple[int, ...] = ()
 
@@ -344,8 +344,8 @@ class Streaming:
         rc = B.ABORTED
         try:
             rc = self._locked_loop(heads, plen, lambda: B.down_chunk(
-                lk.fs.sock.fileno(), pre, st.work.ctypes.data, self._child_fds[t], so.mirrors, st.isz, a, b,
-                so.blk, buf.io, self._abort, buf.times))
+                lk.fs.sock.fileno(), pre, st.work.ctypes.data, buf.scratch.ctypes.data, self._child_fds[t],
+                so.mirrors, st.isz, a, b, so.blk, buf.io, self._abort, buf.times))
         except _Failed:
             pass  # a child link failed before the loop ran: the frame is still ours to drain
         finally:

@@ -511,7 +511,8 @@ class NodeComm:
         try:
             eng = NodeEngine(node_rank=self.node_rank, addresses=w.peers, zones=w.zones, token=w.settings.token,
                              chunk_bytes=w.chunk_bytes, timeout_s=self.timeout_s + ENGINE_SLACK_S,
-                             block_bytes=w.settings.block_bytes, streaming=w.settings.stream)
+                             block_bytes=w.settings.block_bytes, streaming=w.settings.stream,
+                             sock_buf_bytes=w.settings.sock_buf_bytes)
             eng.start(self.timeout_s)
         except BaseException:
             w.engine_slot.release()

@@ -46,6 +46,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     #: stream large float32/int ops through the engine's block loops (false: the threaded
     #: fill / fuse / write-back path, kept for comparisons)
     stream: bool = True
+    #: SO_SNDBUF / SO_RCVBUF of the links between node workers; empty: the kernel's auto-tuning
+    sock_buf_size: str = ""
     #: default deadline of one collective when the rank sets none
     timeout_s: float = 60.0
     #: bearer token the node engines present to each other
@@ -70,6 +72,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     def block_bytes(self) -> int:
         return parse_size(self.block_size, "block_size")
 
+    @property
+    def sock_buf_bytes(self) -> int | None:
+        return parse_size(self.sock_buf_size, "sock_buf_size") if self.sock_buf_size else None
+
     def __post_init__(self) -> None:
         if parse_size(self.chunk_size) < 64:
             raise SettingsError(f"chunk_size must be at least 64 bytes, got {self.chunk_size!r}",
@@ -77,6 +83,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
         if parse_size(self.block_size, "block_size") < 4096:
             raise SettingsError(f"block_size must be at least 4K, got {self.block_size!r}",
                                 key="block_size", expected="size >= 4K")
+        if self.sock_buf_size and parse_size(self.sock_buf_size, "sock_buf_size") < 4096:
+            raise SettingsError(f"sock_buf_size must be empty (auto-tuning) or at least 4K, got {self.sock_buf_size!r}",
+                                key="sock_buf_size", expected="size >= 4K or empty")
         if self.timeout_s <= 0:
             raise SettingsError(f"timeout_s must be > 0, got {self.timeout_s}", key="timeout_s",
                                 expected="float > 0")

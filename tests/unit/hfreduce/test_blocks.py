@@ -185,8 +185,10 @@ def test_down_chunk_lands_in_work_forwards_to_the_children_and_fills_the_mirrors
     mirrors = [np.zeros(count, np.float32) for _ in range(3)]
     io = B.new_io(1)
     times = np.zeros(4)
-    rc = B.down_chunk(up[0].fileno(), pre, work.ctypes.data, np.array([s.fileno() for s, _ in links], np.int64),
-                      _addrs(mirrors), 4, a, b, blk, io, np.zeros(1, np.int64), times)
+    scratch = np.empty(blk * 4, np.uint8)
+    rc = B.down_chunk(up[0].fileno(), pre, work.ctypes.data, scratch.ctypes.data,
+                      np.array([s.fileno() for s, _ in links], np.int64), _addrs(mirrors), 4, a, b, blk, io,
+                      np.zeros(1, np.int64), times)
     for th in [tx, *rxs]:
         th.join(10)
     assert rc == B.OK
@@ -204,7 +206,7 @@ def test_a_peer_that_closes_mid_frame_fails_the_loop_naming_its_socket_and_what_
     up[1].close()  # then EOF
     io = B.new_io(1)
     work = np.zeros(1000, np.float32)  # (referenced: the loop only gets its address)
-    rc = B.down_chunk(up[0].fileno(), np.zeros(0, np.uint8), work.ctypes.data, np.zeros(0, np.int64),
+    rc = B.down_chunk(up[0].fileno(), np.zeros(0, np.uint8), work.ctypes.data, 0, np.zeros(0, np.int64),
                       np.zeros(0, np.int64), 4, 0, 1000, 256, io, np.zeros(1, np.int64), np.zeros(4))
     assert rc == B.FAILED
     assert io[B.IO_FAIL_FD] == up[0].fileno() and io[B.IO_ERRNO] == 0  # 0: the peer closed
@@ -240,7 +242,7 @@ def test_a_wrong_marker_is_a_framing_error() -> None:
     up[1].sendall(bytes(wire))
     io = B.new_io(1)
     work = np.zeros(512, np.float32)
-    rc = B.down_chunk(up[0].fileno(), np.zeros(0, np.uint8), work.ctypes.data, np.zeros(0, np.int64),
+    rc = B.down_chunk(up[0].fileno(), np.zeros(0, np.uint8), work.ctypes.data, 0, np.zeros(0, np.int64),
                       np.zeros(0, np.int64), 4, 0, 512, 256, io, np.zeros(1, np.int64), np.zeros(4))
     assert rc == B.BAD_FRAME and io[B.IO_FAIL_FD] == up[0].fileno() and io[B.IO_DONE] == 1
 
@@ -249,7 +251,7 @@ def test_the_abort_flag_stops_a_loop_before_its_first_block() -> None:
     up = socket.socketpair()
     io = B.new_io(1)
     work = np.zeros(100, np.float32)
-    rc = B.down_chunk(up[0].fileno(), np.zeros(0, np.uint8), work.ctypes.data, np.zeros(0, np.int64),
+    rc = B.down_chunk(up[0].fileno(), np.zeros(0, np.uint8), work.ctypes.data, 0, np.zeros(0, np.int64),
                       np.zeros(0, np.int64), 4, 0, 100, 10, io, np.ones(1, np.int64), np.zeros(4))
     assert rc == B.ABORTED
     assert io[B.IO_GOT] == 0 and io[B.IO_DONE] == 0

@@ -44,3 +44,10 @@ def test_worker_block_size_and_stream_switch() -> None:
         load_worker_settings(env={"FF_HFREDUCE_BLOCK_SIZE": "1K"})
     with pytest.raises(SettingsError, match="block_size"):
         load_worker_settings(env={"FF_HFREDUCE_BLOCK_SIZE": "lots"})
+
+
+def test_worker_socket_buffer_size_is_auto_tuned_unless_set() -> None:
+    assert load_worker_settings(env={}).sock_buf_bytes is None
+    assert load_worker_settings(env={"FF_HFREDUCE_SOCK_BUF_SIZE": "1M"}).sock_buf_bytes == 1 << 20
+    with pytest.raises(SettingsError, match="sock_buf_size"):
+        load_worker_settings(env={"FF_HFREDUCE_SOCK_BUF_SIZE": "100"})
