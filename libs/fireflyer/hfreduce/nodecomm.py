@@ -108,6 +108,9 @@ class NodeComm:
         self._lock = threading.RLock()
         self.cond = threading.Condition(self._lock)
         self.error: FireFlyerError | None = None
+        #: ``error`` is a failure (:meth:`fail`), not a clean close: the engine is aborted with it
+        #: before it is closed
+        self.failed = False
         self.next_seq = 0
         #: an op is running (on the op thread, or on a rank's thread: see submit)
         self.busy = False
@@ -247,6 +250,7 @@ class NodeComm:
             if self.error is not None:
                 return
             self.error = err
+            self.failed = True
             pending = {seq: dict(subs) for seq, subs in self.submits.items()}
             self.submits.clear()
             conns = dict(self.conns)
@@ -290,6 +294,8 @@ class NodeComm:
             engine, self.engine = self.engine, None
             if engine is not None:
                 try:
+                    if self.failed:  # (fail() aborts it too, but may not have yet: the peers must get
+                        engine.abort(str(self.error))  # the reason, not "closed its engine")
                     engine.close()
                 except Exception as e:  # noqa: BLE001
                     log.warning("hfreduce.engine_close_failed", error=str(e))

@@ -46,7 +46,7 @@ from typing import Any
 from fireflyer.core.errors import FireFlyerError, InvalidArgument, ProtocolError
 from fireflyer.core.log import get_logger
 
-from . import kernels
+from . import _blocks, kernels
 from .errors import HFReduceError
 from .nodecomm import NodeComm, RankConn
 from .protocol import (
@@ -140,6 +140,8 @@ class Worker:
         self._acceptor = threading.Thread(target=self._accept_loop, name="hfr-accept", daemon=True)
         self._acceptor.start()
         threading.Thread(target=self._sweeper, name="hfr-sweep", daemon=True).start()
+        if self.settings.stream and self.nnodes > 1:  # compile the streamed ops' loops before the first one
+            threading.Thread(target=_blocks.warm_up, name="hfr-warm", daemon=True).start()
         log.info("hfreduce.worker_started", node=self.node_rank, socket=path, listen=self.listen,
                  chunk_bytes=self.chunk_bytes, threads=self.threads)
 

@@ -153,6 +153,16 @@ def _run(mode: str, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
         _mark()
         comm.allreduce(np.ones(10, np.float32))
         return {}
+    if mode == "bigloop":  # large (streamed) allreduces back to back until one fails
+        x = comm.empty(LARGE // 2, np.float32)  # 8 MiB: each op streams for a while
+        for i in range(100_000):
+            x[...] = comm.rank + 1
+            _mark()
+            comm.allreduce(x)
+            assert x[0] == comm.world_size * (comm.world_size + 1) / 2 and x[-1] == x[0], (x[0], x[-1])
+            if i == 2:
+                _say(f"streaming rank={comm.rank}")
+        return {}
     if mode == "pause":  # one op, then wait for <out>/go (the test stops the worker meanwhile)
         comm.allreduce(np.ones(10, np.float32))
         _say(f"submitting rank={comm.rank}")

@@ -134,3 +134,47 @@ def test_worker_hung_worker_ranks_raise_after_deadline_and_grace() -> None:
         assert res[r]["kind"] == "CollectiveTimeout" and "worker of node 0" in res[r]["message"], res[r]
         assert 1.0 <= res[r]["op_elapsed"] < 1.0 + GRACE_S + 1.0, res[r]
     assert list_segments() == []
+
+
+def test_worker_kill9_worker_in_the_middle_of_large_ops_every_rank_raises() -> None:
+    """Large ops stream (one frame per tree half, in blocks): a worker killed mid-stream breaks
+    its peers' block loops at once, and every rank raises naming the dead node."""
+    c = _start(timeout_s=10.0)
+    try:
+        run = c.ranks("bigloop", wait=False)
+        run.wait_line("streaming", 4)
+        c.kill_worker(1)
+        run.wait(30)
+        res = run.results()
+    finally:
+        c.stop()
+    assert sorted(res) == [0, 1, 2, 3], res
+    for r in range(4):
+        assert not res[r]["ok"] and res[r]["hfreduce_error"], res[r]
+        assert "node 1" in res[r]["message"], res[r]["message"]
+        assert res[r]["op_elapsed"] < 5.0, res[r]  # well before the deadline: a death is noticed at once
+    assert res[0]["kind"] in ("PeerLost", "CollectiveAborted"), res[0]
+    assert list_segments() == []
+
+
+def test_worker_kill9_rank_in_the_middle_of_large_ops_aborts_every_node() -> None:
+    """A rank killed mid-stream fails its node's communicator; the node's block loops end
+    their frames with an aborted block, and the other node's ranks get the abort with its
+    reason (the rank), not a lost connection."""
+    c = _start(timeout_s=10.0)
+    try:
+        run = c.ranks("bigloop", wait=False)
+        run.wait_line("streaming", 4)
+        os.kill(run.pids[3], signal.SIGKILL)
+        run.wait(30)
+        res = run.results()
+        assert all(w.poll() is None for w in c.workers), "a worker died with the rank"
+    finally:
+        c.stop()
+    _all_raised(res, [0, 1, 2])
+    for r in (0, 1, 2):
+        assert res[r]["op_elapsed"] < 5.0, res[r]
+        assert "rank 3" in res[r]["message"], res[r]["message"]
+    for r in (0, 1):
+        assert res[r]["kind"] == "CollectiveAborted" and "node 1" in res[r]["message"], res[r]
+    assert list_segments() == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -16,7 +17,7 @@ from fireflyer.hfreduce.errors import (
     HFReduceError,
     PeerLost,
 )
-from fireflyer.hfreduce.types import Fingerprint
+from fireflyer.hfreduce.types import Fingerprint, OpStats
 
 
 @pytest.mark.parametrize("count", [1000, 20000])  # one chunk per tree (inline path), many chunks
@@ -193,5 +194,91 @@ def test_a_small_op_against_a_large_one_is_a_mismatch_on_every_node(bad_count: i
         assert time.monotonic() - t0 < 5
         assert all(isinstance(r, FingerprintMismatch) for r in res), res
         assert all(r.peer == bad for i, r in enumerate(res) if i != bad), res
+    finally:
+        close_all(engines)
+
+
+def _when_streaming(engine: object, then: object) -> threading.Thread:
+    """Call ``then()`` once one of ``engine``'s block loops has moved a few blocks (white box:
+    the loops' status arrays), so it lands in the middle of the halves."""
+    from fireflyer.hfreduce import _blocks as B
+
+    def body() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            bufs = [*engine._up_bufs, *engine._down_bufs.values()]  # type: ignore[attr-defined]
+            if any(b.busy and b.io[B.IO_DONE] >= 4 for b in bufs):
+                break
+            time.sleep(0.0005)
+        then()  # type: ignore[operator]
+
+    th = threading.Thread(target=body, daemon=True)
+    th.start()
+    return th
+
+
+def _streaming_all(engines: list, count: int, seq: int = 0, **kw: object) -> list[object]:
+    """Every engine allreduces ``count`` float32 (a streamed op: one frame per tree half)."""
+    arrs = [np.ones(count, dtype=np.float32) for _ in engines]
+    assert all(e.can_stream(a) for e, a in zip(engines, arrs, strict=True))
+    return allreduce_all(engines, arrs, "sum", seq=seq, join_s=30, **kw)
+
+
+@pytest.mark.parametrize("n,who", [(2, 0), (3, 1), (5, 2), (5, 4)])
+def test_an_abort_in_the_middle_of_streamed_halves_reaches_every_node_with_its_reason(n: int, who: int) -> None:
+    """The aborting node ends the frames it is sending with an aborted block: its peers stop at
+    that block, read the abort frame behind it and report the origin and reason."""
+    engines = make_engines(n, chunk_bytes=1 << 20)
+    try:
+        for e in engines:
+            e.block_bytes = 64 << 10  # many blocks per half: the abort lands mid-frame
+        count = (48 << 20) // 4
+        t0 = time.monotonic()
+        aborter = _when_streaming(engines[who], lambda: engines[who].abort("operator asked"))
+        res = _streaming_all(engines, count)
+        aborter.join()
+        assert time.monotonic() - t0 < 10
+        assert all(isinstance(r, HFReduceError) for r in res), res
+        for i, r in enumerate(res):
+            if i == who:
+                continue
+            assert isinstance(r, CollectiveAborted), (i, r)
+            assert r.origin == who and "operator asked" in r.reason, r
+    finally:
+        close_all(engines)
+
+
+def test_a_node_closed_in_the_middle_of_streamed_halves_is_named_by_the_others() -> None:
+    n, victim = 3, 2
+    engines = make_engines(n, chunk_bytes=1 << 20)
+    try:
+        for e in engines:
+            e.block_bytes = 64 << 10
+        closer = _when_streaming(engines[victim], engines[victim].close)
+        t0 = time.monotonic()
+        res = _streaming_all(engines, (48 << 20) // 4)
+        closer.join()
+        assert time.monotonic() - t0 < 10
+        for i in range(n - 1):
+            assert isinstance(res[i], PeerLost | CollectiveAborted), (i, res[i])
+            culprit = res[i].peer if isinstance(res[i], PeerLost) else res[i].origin
+            assert culprit == victim, (i, res[i])
+    finally:
+        close_all(engines)
+
+
+def test_a_streamed_op_longer_than_the_timeout_is_not_a_stall_while_its_blocks_move() -> None:
+    """``timeout_s`` bounds a wait *without progress*: a half moving block by block is progress,
+    though it is a single frame and the Python threads see nothing of it until it ends."""
+    engines = make_engines(3, timeout_s=0.25, chunk_bytes=1 << 20)
+    try:
+        for e in engines:
+            e.block_bytes = 16 << 10
+            e.grace_s = 0.1  # without progress the op would fail 0.35 s in
+        t0 = time.monotonic()
+        res = _streaming_all(engines, (192 << 20) // 4)
+        took = time.monotonic() - t0
+        assert all(isinstance(r, OpStats) for r in res), res
+        assert took > 0.5, f"the op took {took:.2f} s: too quick to show anything"
     finally:
         close_all(engines)
