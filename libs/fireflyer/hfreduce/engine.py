@@ -26,10 +26,10 @@ number, starting at 0 and the same on all nodes; ``meta`` as listed)::
     hfr.up     child -> parent   {"c": chunk, "fp": fingerprint on chunk 0, "p": 1 unless inline}
                                  payload: partial chunk
     hfr.down   parent -> child   {"c": chunk, "fp": fingerprint on chunk 0}  payload: final chunk
-
-(a streamed op's payloads are its blocks, each followed by an 8-byte marker: ``_blocks``)
     hfr.wait   any direction     {}   "I have started op rid" (sent only once an op is slow)
     hfr.abort  any direction     {"origin", "reason", "culprit", "error"}   flooded once
+
+A streamed op's payloads are its blocks, each followed by an 8-byte marker (``_blocks``).
 
 **Threads** (all long-lived, started by :meth:`start`; none per op):
 
