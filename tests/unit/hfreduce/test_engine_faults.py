@@ -282,3 +282,24 @@ def test_a_streamed_op_longer_than_the_timeout_is_not_a_stall_while_its_blocks_m
         assert took > 0.5, f"the op took {took:.2f} s: too quick to show anything"
     finally:
         close_all(engines)
+
+
+@pytest.mark.parametrize("other", [{"block_bytes": 128 << 10}, {"streaming": False}, {"chunk_bytes": 8192}])
+def test_nodes_that_cut_buffers_differently_refuse_to_connect_and_say_why(other: dict[str, object]) -> None:
+    """A streamed op's frames carry blocks of the sender's block size; a node with another block
+    size, streaming off or another chunk size would misread them: the handshake refuses it."""
+    import socket
+
+    from fireflyer.hfreduce.engine import NodeEngine
+
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    addrs = [f"127.0.0.1:{s.getsockname()[1]}" for s in listeners]
+    kw = [{"chunk_bytes": 4096, "block_bytes": 256 << 10}, {"chunk_bytes": 4096, "block_bytes": 256 << 10, **other}]
+    engines = [NodeEngine(node_rank=i, addresses=addrs, listen=listeners[i], timeout_s=2, token="t", **kw[i])
+               for i in range(2)]
+    try:
+        res = run_all([lambda e=e: e.start(2) for e in engines], 15)
+        assert all(isinstance(r, HFReduceError | Unauthenticated) for r in res), res
+        assert any("configuration differs" in str(r) for r in res), res  # the child is told why
+    finally:
+        close_all(engines)
