@@ -319,6 +319,23 @@ def _copy_out(work, mirrors, off, dsts, src, nbytes):  # type: ignore[no-untyped
 
 
 @njit(nogil=True, cache=True)
+def _pass_on(outs, sent, src, nb, block, stage, work, mirrors, off, dsts, st, times):  # type: ignore[no-untyped-def]
+    """Block ``block`` (``nb`` bytes at ``src``) to every output socket (``sent`` counts them),
+    then, with ``stage``, into ``work`` and the mirrors at ``off``.  False if a send failed."""
+    t0 = _monotonic_ns()
+    for i in range(outs.shape[0]):
+        if not _send_block(outs[i], src, nb, _marker(block, 0), st):
+            return False
+        sent[i] += 1
+    t1 = _monotonic_ns()
+    times[T_SEND] += (t1 - t0) * 1e-9
+    if stage:
+        _copy_out(work, mirrors, off, dsts, src, nb)
+        times[T_COPY] += (_monotonic_ns() - t1) * 1e-9
+    return True
+
+
+@njit(nogil=True, cache=True)
 def _new_state(inputs, io):  # type: ignore[no-untyped-def]
     """A loop's scratch: iovecs, msghdr, outgoing marker, prefix positions, incoming markers, ``io``."""
     n = max(1, inputs)
@@ -396,17 +413,9 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
                 _reduce(fmt, op, isz, out_base, ins, lo, hi)
             if parent < 0 and divisor > 1:
                 _divide(fmt, src, n, divisor)
-        t2 = _monotonic_ns()
-        times[T_REDUCE] += (t2 - t1) * 1e-9
-        for i in range(outs.shape[0]):
-            if not _send_block(outs[i], src, nb, _marker(block, 0), st):
-                return _end_outputs(FAILED, outs, sent, spare, work, isz, a, b, blk, st)
-            sent[i] += 1
-        t3 = _monotonic_ns()
-        times[T_SEND] += (t3 - t2) * 1e-9
-        if stage:
-            _copy_out(work, mirrors, lo * isz, dsts, src, nb)
-            times[T_COPY] += (_monotonic_ns() - t3) * 1e-9
+        times[T_REDUCE] += (_monotonic_ns() - t1) * 1e-9
+        if not _pass_on(outs, sent, src, nb, block, stage, work, mirrors, lo * isz, dsts, st, times):
+            return _end_outputs(FAILED, outs, sent, spare, work, isz, a, b, blk, st)
         block += 1
         io[IO_DONE] = block
     return OK
@@ -436,17 +445,9 @@ def down_chunk(fd, pre, work, scratch, fds, mirrors, isz, a, b, blk, io, abort, 
         rc = _check_marker(st, 0, block, fd)
         if rc != OK:
             return _end_outputs(rc, fds, sent, 0, work, isz, a, b, blk, st)
-        t1 = _monotonic_ns()
-        times[T_RECV] += (t1 - t0) * 1e-9
-        for i in range(fds.shape[0]):
-            if not _send_block(fds[i], dst, nb, _marker(block, 0), st):
-                return _end_outputs(FAILED, fds, sent, 0, work, isz, a, b, blk, st)
-            sent[i] += 1
-        t2 = _monotonic_ns()
-        times[T_SEND] += (t2 - t1) * 1e-9
-        if stage:
-            _copy_out(work, mirrors, lo * isz, dsts, dst, nb)
-            times[T_COPY] += (_monotonic_ns() - t2) * 1e-9
+        times[T_RECV] += (_monotonic_ns() - t0) * 1e-9
+        if not _pass_on(fds, sent, dst, nb, block, stage, work, mirrors, lo * isz, dsts, st, times):
+            return _end_outputs(FAILED, fds, sent, 0, work, isz, a, b, blk, st)
         block += 1
         io[IO_DONE] = block
     return OK
@@ -454,7 +455,7 @@ def down_chunk(fd, pre, work, scratch, fds, mirrors, isz, a, b, blk, io, abort, 
 
 def warm_up() -> None:
     """Compile (or load from numba's cache) both loops with the argument types the engine
-    passes, on empty ranges: a cold compile takes ~10 s on a small VM, which must not land
+    passes, on empty ranges: a cold compile takes ~20 s on a 2-core VM, which must not land
     inside a node's first large op (its deadline counts).  The worker runs this in the
     background at start-up; ``make setup`` runs it once to fill the cache."""
     io, abort, times = new_io(1), np.zeros(1, np.int64), np.zeros(4)
