@@ -489,7 +489,10 @@ class NodeEngine(Pipeline, Streaming):
             raise InvalidArgument("work must be a writable 1-D contiguous numpy array")
         if op not in kernels.OPS or fp.op != op:
             raise InvalidArgument(f"op {op!r} must be one of {kernels.OPS} and match the fingerprint's {fp.op!r}")
-        if fp.count != work.size or kernels.dtype_from_name(fp.dtype) != work.dtype:
+        # (the worker's allreduce of a narrow float names that dtype in the fingerprint, so that nodes
+        # that disagree on it are told, and carries float32 partials in ``work``)
+        named = kernels.dtype_from_name(fp.dtype)
+        if fp.count != work.size or work.dtype not in (named, kernels.carried_dtype(named)):
             raise InvalidArgument(f"work ({work.size} x {work.dtype}) does not match the fingerprint {fp}",
                                   count=work.size, dtype=str(work.dtype))
 

@@ -103,6 +103,8 @@ __all__ = [
     "default_threads",
     "dtype_from_name",
     "dtype_name",
+    "NARROW_FLOATS",
+    "carried_dtype",
     "reduce_into",
     "reduce_range",
 ]
@@ -182,6 +184,16 @@ def dtype_from_name(name: str | np.dtype | type) -> np.dtype:
 
 #: the canonical name of each supported dtype (``np.dtype.name`` costs ~2 µs, a dict hit 20 ns)
 _DTYPE_NAMES: dict[np.dtype, str] = {dt: dt.name for dt in _FORMATS}
+
+
+#: float formats narrower than float32: reduced, carried between nodes and rounded once as float32
+NARROW_FLOATS = frozenset(dt for dt, fmt in _FORMATS.items() if fmt in (F16, BF16, E4M3, E5M2))
+_F32_DTYPE = np.dtype(np.float32)
+
+
+def carried_dtype(dt: np.dtype) -> np.dtype:
+    """The dtype an allreduce of ``dt`` carries between nodes: float32 for narrower floats."""
+    return _F32_DTYPE if dt in NARROW_FLOATS else dt
 
 
 def dtype_name(dt: np.dtype) -> str:

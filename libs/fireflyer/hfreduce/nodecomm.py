@@ -391,7 +391,11 @@ class NodeComm:
         if s0.kind == "broadcast" and self.engine is None and root_local is None:
             raise HFReduceError(f"broadcast root {s0.root} is not a rank of this node", seq=seq)
         engine_op, wdt, wcount = wire_layout(s0.kind, s0.op, dtype, s0.count)
-        fp = Fingerprint(comm=self.key, seq=seq, op=engine_op, dtype=kernels.dtype_name(wdt), count=wcount, kind=s0.kind)
+        # an allreduce / reduce names the ranks' dtype: a node reducing bfloat16 and one reducing
+        # float32 carry the same float32 partials, and only the fingerprint tells them apart
+        named = dtype if s0.kind in ("allreduce", "reduce") else wdt
+        fp = Fingerprint(comm=self.key, seq=seq, op=engine_op, dtype=kernels.dtype_name(named), count=wcount,
+                         kind=s0.kind)
         plan = OpPlan(kind=s0.kind, op=s0.op, dtype=dtype, count=s0.count, views=views,
                       world_size=self.world_size, root_local=root_local,
                       chunk_bytes=self.worker.chunk_bytes, threads=self.worker.threads)

@@ -54,7 +54,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from . import kernels
@@ -64,9 +63,6 @@ from .types import Fingerprint, OpStats
 
 __all__ = ["OpPlan", "execute", "may_post", "wire_layout"]
 
-_WIDEN = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn),
-          np.dtype(ml_dtypes.float8_e5m2)}
-_F32 = np.dtype(np.float32)
 _I32 = np.dtype(np.int32)
 
 
@@ -98,7 +94,7 @@ def wire_layout(kind: str, op: str, dtype: np.dtype, count: int) -> tuple[str, n
         return "sum", _I32, -(-count * dt.itemsize // 4)
     if kind == "barrier":
         return "sum", _I32, 1
-    return op, (_F32 if dt in _WIDEN else dt), count
+    return op, kernels.carried_dtype(dt), count
 
 
 Engine = Any  # NodeEngine; typed loosely so this module imports without it

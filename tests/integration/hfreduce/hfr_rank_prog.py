@@ -138,6 +138,11 @@ def _run(mode: str, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
         _mark()
         comm.allreduce(np.ones(n, np.float32))
         return {}
+    if mode == "dtype_by_node":  # node 1's ranks reduce bfloat16, node 0's float32: same carried bytes
+        dt = np.float32 if comm.node_rank == 0 else ml_dtypes.bfloat16
+        _mark()
+        comm.allreduce(np.ones(args.count, dt))
+        return {}
     if mode == "sleep":
         comm.allreduce(np.ones(10, np.float32))
         if comm.rank == args.victim:
@@ -231,6 +236,7 @@ def main() -> int:
     p.add_argument("--timeout-s", type=float, default=0.0, help="0: the worker's default")
     p.add_argument("--victim", type=int, default=-1)
     p.add_argument("--sleep-s", type=float, default=0.0)
+    p.add_argument("--count", type=int, default=1001)
     p.add_argument("--full", action="store_true")
     p.add_argument("--torch", action="store_true")
     args = p.parse_args()

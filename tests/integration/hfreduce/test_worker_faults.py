@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
 from hfr_cluster import Cluster
 
 from fireflyer.hfreduce.shm import list_segments
@@ -47,6 +48,24 @@ def test_worker_fingerprint_mismatch_raises_everywhere() -> None:
         assert "101 el" in msg and "node 1" in msg, msg
         assert res[r]["op_elapsed"] < TIMEOUT_S + SLACK_S, res[r]
     assert codes == [0, 0]
+    assert list_segments() == []
+
+
+@pytest.mark.parametrize("count", [1001, 40000])  # a small op and a large one
+def test_worker_nodes_reducing_different_dtypes_raise_a_mismatch_everywhere(count: int) -> None:
+    """float32 on node 0, bfloat16 on node 1: both carry float32 partials between the nodes, so
+    only the dtype in the engine's fingerprint can tell; every rank gets both fingerprints."""
+    c = _start()
+    try:
+        res = c.ranks("dtype_by_node", count=count, timeout_s=30).results()
+    finally:
+        c.stop()
+    _all_raised(res, [0, 1, 2, 3])
+    for r in range(4):
+        assert res[r]["kind"] == "FingerprintMismatch", res[r]
+        msg = res[r]["message"]
+        assert "bfloat16" in msg and "float32" in msg, msg
+        assert res[r]["op_elapsed"] < TIMEOUT_S + SLACK_S, res[r]
     assert list_segments() == []
 
 

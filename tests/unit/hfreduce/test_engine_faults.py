@@ -303,3 +303,18 @@ def test_nodes_that_cut_buffers_differently_refuse_to_connect_and_say_why(other:
         assert any("configuration differs" in str(r) for r in res), res  # the child is told why
     finally:
         close_all(engines)
+
+
+@pytest.mark.parametrize("count", [1000, 20000])  # small and large
+def test_nodes_reducing_different_narrow_dtypes_are_a_mismatch(count: int) -> None:
+    """bfloat16 and float32 (or float16) ops both carry float32 partials: the fingerprint's dtype
+    (the ranks' own) is what tells the nodes apart."""
+    engines = make_engines(3)
+    try:
+        fps = [Fingerprint("c", 4, "sum", d, count) for d in ("bfloat16", "bfloat16", "float16")]
+        arrs = [np.ones(count, dtype=np.float32) for _ in range(3)]
+        res = allreduce_all(engines, arrs, "sum", fps=fps, join_s=20)
+        assert all(isinstance(r, FingerprintMismatch) for r in res), res
+        assert "float16" in str(res[0]) and "bfloat16" in str(res[0]), res[0]
+    finally:
+        close_all(engines)
