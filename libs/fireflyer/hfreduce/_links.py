@@ -24,7 +24,7 @@ import hmac
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,17 +113,22 @@ class Link:
             self.fs.send_lock.release()
 
 
-def _tune(sock: socket.socket, buf_bytes: int | None) -> None:
-    tune_socket(sock, io_timeout_s=_HANDSHAKE_S, buf_bytes=buf_bytes)
+def _tune(sock: socket.socket, buf_bytes: int | None, congestion: Sequence[str]) -> None:
+    tune_socket(sock, io_timeout_s=_HANDSHAKE_S, buf_bytes=buf_bytes, congestion=congestion)
 
 
 def dial(addr: str, *, me: int, tree: int, nnodes: int, layout: str, token: str,
-         limits: FrameLimits, buf_bytes: int | None, timeout_s: float) -> FramedSocket:
-    """Connect to a parent and authenticate; raises OSError (retry) or FireFlyerError (don't)."""
+         limits: FrameLimits, buf_bytes: int | None, timeout_s: float,
+         congestion: Sequence[str] = ()) -> FramedSocket:
+    """Connect to a parent and authenticate; raises OSError (retry) or FireFlyerError (don't).
+
+    ``congestion``: the TCP congestion controls to try, in order (each end sets its own:
+    it governs what that end sends; empty: the system default)."""
     host, port = parse_address(addr)
     sock = socket.create_connection((host, port), timeout=max(0.05, timeout_s))
     try:
-        tune_socket(sock, io_timeout_s=min(_HANDSHAKE_S, max(0.05, timeout_s)), buf_bytes=buf_bytes)
+        tune_socket(sock, io_timeout_s=min(_HANDSHAKE_S, max(0.05, timeout_s)), buf_bytes=buf_bytes,
+                    congestion=congestion)
         fs = FramedSocket(sock, peer=addr, limits=limits, io_timeout_s=_HANDSHAKE_S)
         fs.send_frame(Hello(token=token, client=hello_name(me, tree, nnodes, layout)))
         header, size = fs.read_header()
@@ -151,12 +156,13 @@ class Acceptor:
 
     def __init__(self, listener: socket.socket, *, me: int, nnodes: int, layout: str, token: str,
                  expected: set[tuple[int, int]], limits: FrameLimits, buf_bytes: int | None,
-                 on_link: Callable[[int, int, FramedSocket], None]) -> None:
+                 on_link: Callable[[int, int, FramedSocket], None], congestion: Sequence[str] = ()) -> None:
         self.listener = listener
         self.me, self.nnodes, self.layout, self.token = me, nnodes, layout, token
         self.expected = set(expected)
         self.got: set[tuple[int, int]] = set()
         self.limits, self.buf_bytes, self.on_link = limits, buf_bytes, on_link
+        self.congestion = tuple(congestion)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"hfr-accept-{me}", daemon=True)
 
@@ -178,7 +184,7 @@ class Acceptor:
 
     def _handshake(self, sock: socket.socket, peer: str) -> None:
         sock.settimeout(None)
-        _tune(sock, self.buf_bytes)
+        _tune(sock, self.buf_bytes, self.congestion)
         fs = FramedSocket(sock, peer=peer, limits=self.limits, io_timeout_s=_HANDSHAKE_S)
         header, size = fs.read_header()
         why = ""

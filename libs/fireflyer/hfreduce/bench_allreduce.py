@@ -10,6 +10,11 @@ Per run, for every size:
 - **Gloo** (``--vs gloo``): the same N*K ranks, without workers, in Gloo mode
   (``GLOO_SOCKET_IFNAME=lo``, ``OMP_NUM_THREADS=1``, a torch tensor of the same
   dtype) -- the same ranks, so the ratio is like for like;
+- **TCP congestion control**: the workers' links pick theirs (``FF_HFREDUCE_TCP_CONGESTION``,
+  cubic or else reno by default: not the BBR some hosts default to, whose pacing costs
+  CPU per byte on loopback); Gloo's sockets keep the system default.  The anchors below
+  use what our links use, so they stay ceilings; the JSON's ``tcp_congestion`` says
+  what each side had;
 - **placement** (``--cpu-bind``, default ``node``): both sides run under the same
   launcher plan, so rank r of either side is bound to the CPU share of node
   r // K (ours with that node's worker beside it), as ``ff launch`` binds; with
@@ -20,7 +25,15 @@ Per run, for every size:
   over n nodes moves 2(n-1)*S bytes between nodes in aggregate, so on one host
   whose copies share C, ``algbw <= C / (2(n-1))``; ``fraction_of_bound`` says
   how close ours gets.  C is the best of several short trials taken before and
-  after the collectives (a ceiling: load from neighbours only lowers a trial).
+  after the collectives (a ceiling: load from neighbours only lowers a trial);
+- **the floor** (sizes >= 1 MiB, :mod:`.bench_floor`): the time the bytes every
+  allreduce must move take on this machine when moved as cheaply as possible --
+  each node sends and receives 2(n-1)/n*S over loopback TCP and reads and writes
+  each of its k ranks' buffers once -- measured with the benchmark's placement,
+  best of the trials before and after the collectives.  ``fraction_of_floor``
+  (floor / ours) says how close ours gets, and ``gloo_over_floor`` (Gloo's time /
+  the floor) is the highest ratio to Gloo that any implementation moving those
+  bytes could have reached in this run: a goal above it is out of this machine's reach.
 
 Time per op is the max over ranks of each rank's mean.  ``algbw = S/t`` and
 ``busbw = algbw * 2(n-1)/n`` with n the total ranks (nccl-tests' definitions);
@@ -39,13 +52,17 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fireflyer.core.errors import FireFlyerError, Internal
+from fireflyer.wire.conn import congestion_of, set_congestion
 
+from .bench_floor import Floor, measure_floor
 from .launch import Launcher, print_line
 from .launch_plan import LaunchOptions, node_cpus, parse_size
+from .settings import load_worker_settings
 
 __all__ = ["main", "run_bench", "loopback_capacity", "busbw", "table_rows", "markdown_table", "RankResults"]
 
@@ -130,19 +147,21 @@ def _slowest(records: list[dict[str, Any]], world: int, mode: str, size: int) ->
 
 # -- the loopback anchor -------------------------------------------------------------------------------------------
 
-def loopback_capacity(pairs: int, size: int, *, target_bytes: float = 5e8, repeats: int = 4) -> float:
+def loopback_capacity(pairs: int, size: int, *, target_bytes: float = 5e8, repeats: int = 4,
+                      congestion: Sequence[str] = ()) -> float:
     """Aggregate bytes/s of ``pairs`` concurrent one-way TCP streams over loopback, each ``sendall(size)`` x rounds.
 
     Pair ``i`` runs from 127.0.0.(i+1) to the next address, like node to node.
     Every receiver fills a preallocated buffer with ``recv_into``; the clock
     runs from releasing all senders together to the last byte received.  The
     best of ``repeats`` trials is kept: it is a ceiling, and on a shared machine
-    a neighbour's burst only ever lowers a trial.
+    a neighbour's burst only ever lowers a trial.  ``congestion``: the links' congestion
+    controls (as the workers': see :func:`tcp_congestion`), so the bound stays a ceiling.
     """
-    return max(_loopback_trial(pairs, size, target_bytes) for _ in range(max(1, repeats)))
+    return max(_loopback_trial(pairs, size, target_bytes, congestion) for _ in range(max(1, repeats)))
 
 
-def _loopback_trial(pairs: int, size: int, target_bytes: float) -> float:
+def _loopback_trial(pairs: int, size: int, target_bytes: float, congestion: Sequence[str] = ()) -> float:
     rounds = max(3, int(target_bytes / (pairs * size)))
     payload = memoryview(bytearray(os.urandom(min(size, 1 << 20)) * (size // min(size, 1 << 20) + 1))[:size])
     conns: list[tuple[socket.socket, socket.socket]] = []
@@ -153,6 +172,7 @@ def _loopback_trial(pairs: int, size: int, target_bytes: float) -> float:
                 rx, _ = listener.accept()
             for s in (tx, rx):
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                set_congestion(s, congestion)
             conns.append((tx, rx))
         go = threading.Barrier(2 * pairs + 1, timeout=120)
         done = threading.Barrier(pairs + 1, timeout=120)
@@ -191,11 +211,30 @@ def _loopback_trial(pairs: int, size: int, target_bytes: float) -> float:
             rx.close()
 
 
+def _best_floor(a: Floor, b: Floor) -> Floor:
+    """Each part's best of two measurements (a ceiling of speed, as the loopback anchor)."""
+    return Floor(net_s=min(a.net_s, b.net_s), mem_s=min(a.mem_s, b.mem_s), overlap=a.overlap)
+
+
+def tcp_congestion(prefs: Sequence[str]) -> dict[str, str | None]:
+    """Which TCP congestion control each side's connections use in this run: the workers'
+    links and the anchors take the first of ``prefs`` the kernel allows; Gloo's sockets the
+    system default (``net.ipv4.tcp_congestion_control``)."""
+    try:
+        system: str | None = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    except OSError:
+        system = None
+    with socket.socket() as probe:
+        ours = set_congestion(probe, prefs) or congestion_of(probe)
+    return {"system": system, "hfreduce": ours, "anchors": ours, "gloo": system}
+
+
 # -- the whole bench -----------------------------------------------------------------------------------------------
 
 def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "fp32", vs: str | None = None,
               target_s: float = 0.5, chunk_size: str | None = None, timeout_s: float | None = None,
-              deadline_s: float = 600.0, bound: bool = True, cpu_bind: str = "node") -> dict[str, Any]:
+              deadline_s: float = 600.0, bound: bool = True, cpu_bind: str = "node",
+              floor: bool = True) -> dict[str, Any]:
     """Run everything for every size; the JSON object (see the module docs)."""
     world = nodes * local_ranks
     kw = {"target_s": target_s, "chunk_size": chunk_size, "timeout_s": timeout_s, "deadline_s": deadline_s,
@@ -203,10 +242,19 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
     # the anchor is taken before and after the collectives and the best kept: it is a ceiling, and a
     # neighbour's burst on this shared machine only ever lowers it
     anchor_sizes = sorted({s for s in sizes if s >= _MIN_BOUND_BYTES}) if bound and nodes > 1 else []
-    caps = {s: loopback_capacity(nodes, s) for s in anchor_sizes}
+    floor_sizes = sorted({s for s in sizes if s >= _MIN_BOUND_BYTES}) if floor else []
+    itemsize = 4 if dtype == "fp32" else 2
+    cc = load_worker_settings().congestion_prefs  # what the launched workers' links will use
+
+    def floor_of(s: int) -> Floor:
+        return measure_floor(nodes, local_ranks, s // itemsize * itemsize, cpu_bind=cpu_bind, congestion=cc)
+
+    caps = {s: loopback_capacity(nodes, s, congestion=cc) for s in anchor_sizes}
+    floors = {s: floor_of(s) for s in floor_sizes}
     ours = _run_ranks("hfreduce", nodes, local_ranks, sizes, dtype, **kw)  # type: ignore[arg-type]
     gloo = _run_ranks("gloo", nodes, local_ranks, sizes, dtype, **kw) if vs == "gloo" else {}  # type: ignore[arg-type]
-    caps = {s: max(c, loopback_capacity(nodes, s)) for s, c in caps.items()}
+    caps = {s: max(c, loopback_capacity(nodes, s, congestion=cc)) for s, c in caps.items()}
+    floors = {s: _best_floor(f, floor_of(s)) for s, f in floors.items()}
     entries: list[dict[str, Any]] = []
     for size in sizes:
         o = _slowest(ours.get(size, []), world, "hfreduce", size)
@@ -218,7 +266,8 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
                              "time_s": o["time_s"], "iters": o["iters"], "algbw_GBps": alg,
                              "busbw_GBps": busbw(alg, world), "gloo_time_s": None, "gloo_algbw_GBps": None,
                              "gloo_busbw_GBps": None, "ratio": None, "loopback_GBps": None, "bound_GBps": None,
-                             "fraction_of_bound": None}
+                             "fraction_of_bound": None, "floor_time_s": None, "floor_net_s": None,
+                             "floor_mem_s": None, "fraction_of_floor": None, "gloo_over_floor": None}
         if vs == "gloo":
             g = _slowest(gloo.get(size, []), world, "gloo", size)
             if "unsupported" in g:
@@ -231,14 +280,24 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
             cap = caps[size] / _GB
             e.update(loopback_GBps=cap, bound_GBps=cap / (2 * (nodes - 1)),
                      fraction_of_bound=alg / (cap / (2 * (nodes - 1))))
+        if size in floors:
+            fl = floors[size]
+            e.update(floor_time_s=fl.time_s, floor_net_s=fl.net_s, floor_mem_s=fl.mem_s,
+                     fraction_of_floor=fl.time_s / o["time_s"])
+            if e["gloo_time_s"]:
+                e["gloo_over_floor"] = e["gloo_time_s"] / fl.time_s
         entries.append(e)
     return {
         "bench": "allreduce",
         "nodes": nodes, "local_ranks": local_ranks, "world_size": world, "dtype": dtype, "vs": vs,
         "cpu_bind": placement(nodes, cpu_bind, sorted(os.sched_getaffinity(0))),
         "definitions": "algbw = bytes/time; busbw = algbw*2(n-1)/n (nccl-tests), n = total ranks; GB = 1e9 B; "
-                       "bound = C/(2(nodes-1)), C = aggregate loopback TCP throughput of `nodes` concurrent pairs",
+                       "bound = C/(2(nodes-1)), C = aggregate loopback TCP throughput of `nodes` concurrent pairs; "
+                       "floor = time of the bytes every allreduce must move (each node: 2(nodes-1)/nodes*S sent and "
+                       "received over loopback TCP, its local_ranks buffers read and written once), moved alone; "
+                       "gloo_over_floor = the highest ratio to Gloo any implementation could reach in this run",
         "results": entries,
+        "tcp_congestion": tcp_congestion(cc),
         "git_sha": _git_sha(), "cpu_count": os.cpu_count(), "torch_version": _torch_version(),
         "python": platform.python_version(), "platform": sys.platform,
     }
@@ -261,16 +320,27 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             return "-"
         return f"{x * 1e6:.0f} us" if x < 1e-2 else f"{x * 1e3:.1f} ms"
 
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x * 100:.0f}%"
+
+    def times(x: float | None) -> str:
+        return "-" if not x else f"{x:.2f}x"
+
     head = ["size", "time", "algbw GB/s", "busbw GB/s", "gloo time", "gloo algbw", "ratio", "bound GB/s",
-            "% of bound"]
+            "% of bound", "floor", "% of floor", "gloo / floor"]
     rows = []
     for e in result["results"]:
-        frac = e["fraction_of_bound"]
         rows.append([_fmt_size(e["size_bytes"]), t(e["time_s"]), f(e["algbw_GBps"], ".3f"), f(e["busbw_GBps"], ".3f"),
-                     t(e["gloo_time_s"]), f(e["gloo_algbw_GBps"], ".3f"),
-                     f(e["ratio"], ".2f") + ("x" if e["ratio"] else ""),
-                     f(e["bound_GBps"], ".3f"), "-" if frac is None else f"{frac * 100:.0f}%"])
+                     t(e["gloo_time_s"]), f(e["gloo_algbw_GBps"], ".3f"), times(e["ratio"]),
+                     f(e["bound_GBps"], ".3f"), pct(e["fraction_of_bound"]),
+                     t(e.get("floor_time_s")), pct(e.get("fraction_of_floor")), times(e.get("gloo_over_floor"))])
     return head, rows
+
+
+def _cc_caption(cc: dict[str, str | None] | None) -> str:
+    if not cc:
+        return ""
+    return f"tcp {cc.get('hfreduce')} (ours, anchors) / {cc.get('gloo')} (Gloo, system default), "
 
 
 def markdown_table(result: dict[str, Any]) -> str:
@@ -278,7 +348,7 @@ def markdown_table(result: dict[str, Any]) -> str:
     head, rows = table_rows(result)
     lines = [f"{result['nodes']} nodes x {result['local_ranks']} local ranks ({result['world_size']} ranks), "
              f"{result['dtype']}, {result['cpu_count']} CPUs, cpu-bind {result.get('cpu_bind', 'none')}, "
-             f"torch {result['torch_version']}, "
+             f"torch {result['torch_version']}, {_cc_caption(result.get('tcp_congestion'))}"
              f"git {str(result['git_sha'])[:10]}", "",
              "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -320,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk-size", default=None, help="HFReduce pipeline chunk (default: the worker's)")
     p.add_argument("--timeout-s", type=float, default=60.0, help="collective deadline of the workers (default 60)")
     p.add_argument("--no-bound", action="store_true", help="skip the loopback-bound anchor")
+    p.add_argument("--no-floor", action="store_true", help="skip the floor anchor (the bytes every allreduce must move)")
     p.add_argument("--cpu-bind", choices=["node", "none"], default="node",
                    help="placement of both sides' ranks (and our workers), as ff launch --cpu-bind (default node)")
     p.add_argument("--markdown", action="store_true", help="print the table as GitHub markdown (for the README)")
@@ -328,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [parse_size(s) for s in ns.sizes.split(",")]
         result = run_bench(nodes=ns.nodes, local_ranks=ns.local_ranks, sizes=sizes, dtype=ns.dtype, vs=ns.vs,
                            target_s=ns.target_s, chunk_size=ns.chunk_size, timeout_s=ns.timeout_s,
-                           bound=not ns.no_bound, cpu_bind=ns.cpu_bind)
+                           bound=not ns.no_bound, cpu_bind=ns.cpu_bind, floor=not ns.no_floor)
     except FireFlyerError as e:
         print(f"ff bench allreduce: {e}", file=sys.stderr)
         return 1

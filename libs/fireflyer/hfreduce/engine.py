@@ -91,7 +91,7 @@ from fireflyer.hfreduce.errors import (
 )
 from fireflyer.hfreduce.trees import TreeNode, double_binary_tree, zone_aware_double_tree
 from fireflyer.hfreduce.types import Fingerprint, OpStats
-from fireflyer.wire.conn import FramedSocket
+from fireflyer.wire.conn import FramedSocket, congestion_of
 from fireflyer.wire.frame import FrameLimits, Request
 
 __all__ = ["NodeEngine"]
@@ -109,7 +109,9 @@ class NodeEngine(Pipeline, Streaming):
     own address (tests bind port 0 first); the engine takes it over and closes it
     after :meth:`start`.  ``chunk_bytes`` must be equal on all nodes (checked at
     connect).  ``sock_buf_bytes`` fixes SO_SNDBUF/SO_RCVBUF (``None``: kernel
-    auto-tuning, usually best on Linux).  ``block_bytes``: the block of a streamed
+    auto-tuning, usually best on Linux).  ``tcp_congestion``: congestion controls to try
+    on the links, in order (:func:`fireflyer.wire.conn.set_congestion`; empty: the system
+    default).  ``block_bytes``: the block of a streamed
     op's loops (:mod:`._blocks`); ``streaming=False`` runs every op the threaded way
     (for comparisons).
     """
@@ -118,7 +120,8 @@ class NodeEngine(Pipeline, Streaming):
                  token: str = "", chunk_bytes: int = 4 << 20, timeout_s: float = 60.0,
                  listen: socket.socket | None = None, sock_buf_bytes: int | None = None,
                  ring: int = 3, grace_s: float = 1.0, inline_bytes: int = 64 << 10,
-                 block_bytes: int = BLOCK_BYTES, streaming: bool = True) -> None:
+                 block_bytes: int = BLOCK_BYTES, streaming: bool = True,
+                 tcp_congestion: Sequence[str] = ()) -> None:
         n = len(addresses)
         if not 0 <= node_rank < n:
             raise InvalidArgument(f"node_rank {node_rank} not in 0..{n - 1}", node=node_rank, nnodes=n)
@@ -145,6 +148,7 @@ class NodeEngine(Pipeline, Streaming):
                             f"{f'-s{block_bytes}' if streaming else ''}")
         self._ring = ring
         self._sock_buf = sock_buf_bytes
+        self._congestion = tuple(tcp_congestion)
         self.block_bytes = block_bytes
         self.streaming = streaming
         #: nonzero once the engine failed: the block loops stop at their next block
@@ -184,6 +188,10 @@ class NodeEngine(Pipeline, Streaming):
     def who(self, node: int) -> str:
         return f"node {node} ({self.addresses[node]})"
 
+    def link_congestion(self) -> dict[str, str | None]:
+        """Each link's TCP congestion control as the kernel reports it (``"t<tree>-n<peer>"`` keys)."""
+        return {f"t{lk.tree}-n{lk.peer}": congestion_of(lk.fs.sock) for lk in self._links}
+
     def start(self, timeout_s: float | None = None) -> None:
         """Connect to the tree neighbours (retrying until they are up) and start the threads.
 
@@ -210,7 +218,8 @@ class NodeEngine(Pipeline, Streaming):
                 listener = socket.create_server((host, port), reuse_port=False, backlog=64)
             acceptor = Acceptor(listener, me=self.node, nnodes=self.nnodes, layout=self._layout_key,
                                 token=self.token, expected=expected, limits=limits,
-                                buf_bytes=self._sock_buf, on_link=lambda c, t, fs: got.__setitem__((c, t), fs))
+                                buf_bytes=self._sock_buf, on_link=lambda c, t, fs: got.__setitem__((c, t), fs),
+                                congestion=self._congestion)
             acceptor.thread.start()
         dialed: dict[int, FramedSocket] = {}
         try:
@@ -276,7 +285,7 @@ class NodeEngine(Pipeline, Streaming):
             try:
                 return dial(self.addresses[parent], me=self.node, tree=tree, nnodes=self.nnodes,
                             layout=self._layout_key, token=self.token, limits=limits,
-                            buf_bytes=self._sock_buf, timeout_s=min(left, 2.0))
+                            buf_bytes=self._sock_buf, timeout_s=min(left, 2.0), congestion=self._congestion)
             except (OSError, DeadlineExceeded, Unavailable):  # not up yet, or busy: retry
                 time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
                 pause = min(pause * 2, 0.25)

@@ -522,8 +522,10 @@ class NodeComm:
             eng = NodeEngine(node_rank=self.node_rank, addresses=w.peers, zones=w.zones, token=w.settings.token,
                              chunk_bytes=w.chunk_bytes, timeout_s=self.timeout_s + ENGINE_SLACK_S,
                              block_bytes=w.settings.block_bytes, streaming=w.settings.stream,
-                             sock_buf_bytes=w.settings.sock_buf_bytes)
+                             sock_buf_bytes=w.settings.sock_buf_bytes, tcp_congestion=w.settings.congestion_prefs)
             eng.start(self.timeout_s)
+            log.info("hfreduce.engine_connected", node=self.node_rank, comm=self.key,
+                     congestion=",".join(sorted({c or "?" for c in eng.link_congestion().values()})))
         except BaseException:
             w.engine_slot.release()
             raise

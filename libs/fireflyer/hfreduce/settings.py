@@ -22,6 +22,7 @@ ENV_PREFIX = "FF_HFREDUCE"
 
 _SIZE = re.compile(r"\s*(\d+)\s*([kmgKMG]?)(i?[bB])?\s*")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_CC_NAME = re.compile(r"[a-z][a-z0-9_]{0,15}")  # TCP_CA_NAME_MAX is 16
 
 
 def parse_size(text: str | int, key: str = "chunk_size") -> int:
@@ -48,6 +49,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     stream: bool = True
     #: SO_SNDBUF / SO_RCVBUF of the links between node workers; empty: the kernel's auto-tuning
     sock_buf_size: str = ""
+    #: TCP congestion controls for those links, tried in order (comma list); empty: the system
+    #: default.  Not BBR by default: its pacing costs CPU per byte and throughput on short
+    #: links (``fireflyer.wire.conn.set_congestion``); reno is allowed to every process
+    tcp_congestion: str = "cubic,reno"
     #: default deadline of one collective when the rank sets none
     timeout_s: float = 60.0
     #: bearer token the node engines present to each other
@@ -73,6 +78,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
         return parse_size(self.block_size, "block_size")
 
     @property
+    def congestion_prefs(self) -> tuple[str, ...]:
+        return tuple(x.strip() for x in self.tcp_congestion.split(",") if x.strip())
+
+    @property
     def sock_buf_bytes(self) -> int | None:
         return parse_size(self.sock_buf_size, "sock_buf_size") if self.sock_buf_size else None
 
@@ -86,6 +95,11 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
         if self.sock_buf_size and parse_size(self.sock_buf_size, "sock_buf_size") < 4096:
             raise SettingsError(f"sock_buf_size must be empty (auto-tuning) or at least 4K, got {self.sock_buf_size!r}",
                                 key="sock_buf_size", expected="size >= 4K or empty")
+        bad = [x for x in self.congestion_prefs if not _CC_NAME.fullmatch(x)]
+        if bad:
+            raise SettingsError(f"tcp_congestion: {bad[0]!r} is not a congestion control name (a comma list such "
+                                f"as 'cubic,reno', or empty for the system default)", key="tcp_congestion",
+                                expected="comma list of names")
         if self.timeout_s <= 0:
             raise SettingsError(f"timeout_s must be > 0, got {self.timeout_s}", key="timeout_s",
                                 expected="float > 0")

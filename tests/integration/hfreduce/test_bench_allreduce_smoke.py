@@ -11,7 +11,8 @@ from fireflyer.cli.main import main as ff_main
 from fireflyer.hfreduce.bench_allreduce import loopback_capacity, main
 
 REQUIRED = {"size_bytes", "dtype", "nodes", "local_ranks", "time_s", "algbw_GBps", "busbw_GBps",
-            "gloo_algbw_GBps", "ratio", "gloo_time_s", "bound_GBps", "fraction_of_bound"}
+            "gloo_algbw_GBps", "ratio", "gloo_time_s", "bound_GBps", "fraction_of_bound", "floor_time_s",
+            "floor_net_s", "floor_mem_s", "fraction_of_floor", "gloo_over_floor"}
 
 
 def test_two_nodes_vs_gloo_with_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -35,6 +36,15 @@ def test_two_nodes_vs_gloo_with_bound(tmp_path: Path, capsys: pytest.CaptureFixt
     assert small["bound_GBps"] is None  # the bound is not meaningful for latency-bound sizes
     assert big["bound_GBps"] > 0 and big["loopback_GBps"] == pytest.approx(2 * big["bound_GBps"])
     assert big["fraction_of_bound"] == pytest.approx(big["algbw_GBps"] / big["bound_GBps"])
+    # the floor: both parts measured, added up (a CPU per node here or nodes sharing CPUs), and the ratios
+    assert small["floor_time_s"] is None and small["gloo_over_floor"] is None
+    assert big["floor_net_s"] > 0 and big["floor_mem_s"] > 0
+    assert big["floor_time_s"] >= max(big["floor_net_s"], big["floor_mem_s"])
+    assert big["fraction_of_floor"] == pytest.approx(big["floor_time_s"] / big["time_s"])
+    assert big["gloo_over_floor"] == pytest.approx(big["gloo_time_s"] / big["floor_time_s"])
+    cc = doc["tcp_congestion"]
+    assert cc["hfreduce"] == cc["anchors"] and cc["gloo"] == cc["system"]
+    assert cc["hfreduce"] in ("cubic", "reno")  # the workers' default prefers these to the system's
 
 
 def test_one_node_two_ranks_bf16_json_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
@@ -48,6 +58,7 @@ def test_one_node_two_ranks_bf16_json_on_stdout(capsys: pytest.CaptureFixture[st
         assert e["time_s"] > 0 and e["algbw_GBps"] > 0
         assert e["busbw_GBps"] == pytest.approx(e["algbw_GBps"])
         assert e["gloo_algbw_GBps"] is None and e["ratio"] is None and e["bound_GBps"] is None
+        assert e["floor_time_s"] is None  # sizes under 1 MiB have no floor
 
 
 def test_loopback_anchor_is_positive() -> None:

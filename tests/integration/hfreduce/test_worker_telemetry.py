@@ -270,3 +270,43 @@ def test_ops_become_spans_once_tracing_is_set_up(monkeypatch) -> None:
         c.close()
     finally:
         w.stop()
+
+
+def test_two_workers_links_use_the_configured_congestion_control() -> None:
+    """FF_HFREDUCE_TCP_CONGESTION reaches the engine: an unknown name is skipped, reno (allowed to
+    every process) is used on every link, and the worker's info() says so."""
+    socks = [tempfile.mktemp(prefix="hfr", suffix=".sock", dir="/tmp") for _ in range(2)]
+    listeners = [__import__("socket").create_server(("127.0.0.1", 0)) for _ in range(2)]
+    peers = [f"127.0.0.1:{s.getsockname()[1]}" for s in listeners]
+    for s in listeners:
+        s.close()
+    settings = WorkerSettings(tcp_congestion="no_such_cc,reno", chunk_size="4k")
+    ws = [Worker(node_rank=i, nnodes=2, local_world_size=1, socket_path=socks[i], peers=peers, settings=settings)
+          for i in range(2)]
+    for w in ws:
+        w.start()
+    try:
+        comms: list = [None, None]
+
+        def rank(i: int) -> None:
+            comms[i] = init(rank=i, world_size=2, local_rank=0, local_world_size=1, node_rank=i, nnodes=2,
+                            socket=socks[i], job_id="cc", timeout_s=10)
+            x = np.full(100000, i + 1, np.float32)
+            comms[i].allreduce(x)
+            assert np.all(x == 3)
+
+        ts = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+        assert all(c is not None for c in comms)
+        for w in ws:
+            (info,) = w.info()["comms"].values()
+            assert info["congestion"] == ["reno"], info
+        for c in comms:
+            c.close()
+    finally:
+        for w in ws:
+            w.stop()
+    assert list_segments() == []

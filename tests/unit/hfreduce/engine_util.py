@@ -16,11 +16,12 @@ from fireflyer.hfreduce.types import Fingerprint
 
 def make_engines(n: int, *, zones: Sequence[str] | None = None, chunk_bytes: int = 4096,
                  timeout_s: float = 10.0, start: bool = True, tokens: Sequence[str] | None = None,
-                 skip: Sequence[int] = ()) -> list[NodeEngine]:
+                 skip: Sequence[int] = (), **engine_kw: Any) -> list[NodeEngine]:
     """``n`` engines with listeners bound to port 0; started concurrently unless ``start`` is False.
 
     Nodes in ``skip`` get an address but no engine (their port is bound and closed:
     connecting to it is refused); their slot in the returned list is ``None``.
+    ``engine_kw`` goes to every :class:`NodeEngine`.
     """
     listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(n)]
     addrs = [f"127.0.0.1:{s.getsockname()[1]}" for s in listeners]
@@ -32,7 +33,7 @@ def make_engines(n: int, *, zones: Sequence[str] | None = None, chunk_bytes: int
             continue
         engines.append(NodeEngine(node_rank=i, addresses=addrs, zones=zones, listen=listeners[i],
                                   chunk_bytes=chunk_bytes, timeout_s=timeout_s,
-                                  token=tokens[i] if tokens else "secret"))
+                                  token=tokens[i] if tokens else "secret", **engine_kw))
     if start:
         errs = run_all([(lambda e=e: e.start()) if e is not None else None for e in engines], timeout_s + 10)
         bad = [e for e in errs if isinstance(e, BaseException)]

@@ -398,3 +398,26 @@ def test_nodes_running_ahead_through_small_and_large_ops_get_every_result(n: int
             check([r[k] for r in res], [mine[i][k] for i in range(n)], ref, "sum")  # type: ignore[index]
     finally:
         close_all(engines)
+
+
+@pytest.mark.parametrize("prefs", [(), ("no_such_cc", "reno")])
+def test_links_use_the_congestion_control_asked_for_at_both_ends(prefs: tuple[str, ...]) -> None:
+    """Every link of every node (each end sets its own) runs the first allowed control of
+    ``tcp_congestion``; without one the links keep the system default.  The op still works."""
+    import socket
+
+    from fireflyer.wire.conn import congestion_of
+
+    with socket.socket() as fresh:
+        want = "reno" if prefs else congestion_of(fresh)
+    engines = make_engines(3, tcp_congestion=prefs)
+    try:
+        links = [c for e in engines for c in e.link_congestion().values()]
+        assert len(links) == 8  # 2 edges per tree, 2 trees, an end at each node
+        assert set(links) == {want}, links
+        arrs = [np.full(5000, i + 1, dtype=np.float32) for i in range(3)]
+        res = allreduce_all(engines, arrs, "sum")
+        assert all(isinstance(r, OpStats) for r in res), res
+        assert all(np.all(a == 6) for a in arrs)
+    finally:
+        close_all(engines)

@@ -51,3 +51,11 @@ def test_worker_socket_buffer_size_is_auto_tuned_unless_set() -> None:
     assert load_worker_settings(env={"FF_HFREDUCE_SOCK_BUF_SIZE": "1M"}).sock_buf_bytes == 1 << 20
     with pytest.raises(SettingsError, match="sock_buf_size"):
         load_worker_settings(env={"FF_HFREDUCE_SOCK_BUF_SIZE": "100"})
+
+
+def test_worker_links_avoid_the_system_congestion_control_unless_told() -> None:
+    assert load_worker_settings(env={}).congestion_prefs == ("cubic", "reno")
+    assert load_worker_settings(env={"FF_HFREDUCE_TCP_CONGESTION": " reno "}).congestion_prefs == ("reno",)
+    assert load_worker_settings(env={"FF_HFREDUCE_TCP_CONGESTION": ""}).congestion_prefs == ()  # system default
+    with pytest.raises(SettingsError, match="tcp_congestion"):
+        load_worker_settings(env={"FF_HFREDUCE_TCP_CONGESTION": "cubic,BBR!"})

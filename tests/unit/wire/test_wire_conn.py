@@ -99,3 +99,20 @@ def test_buffer_views():
         as_bytes_view(b"read only", writable=True)
     with pytest.raises(InvalidArgument):
         as_bytes_view(arr[:, ::2])
+
+
+def test_congestion_control_is_the_first_the_kernel_allows() -> None:
+    """reno is built into every Linux kernel and allowed to every process; a name the kernel
+    does not know is skipped; with none settable the socket keeps the system default."""
+    from fireflyer.wire.conn import congestion_of, set_congestion, tune_socket
+
+    with socket.socket() as s, socket.socket() as fresh:
+        system = congestion_of(fresh)
+        assert system  # Linux says which one a socket uses
+        assert set_congestion(s, []) is None and congestion_of(s) == system
+        assert set_congestion(s, ["no_such_cc"]) is None and congestion_of(s) == system
+        assert set_congestion(s, ["no_such_cc", "reno", "cubic"]) == "reno"
+        assert congestion_of(s) == "reno"
+    with socket.socket() as s:
+        tune_socket(s, io_timeout_s=None, congestion=("no_such_cc", "reno"))
+        assert congestion_of(s) == "reno"
