@@ -59,7 +59,7 @@ from typing import Any
 from fireflyer.core.errors import FireFlyerError, Internal
 from fireflyer.wire.conn import congestion_of, set_congestion
 
-from .bench_floor import Floor, measure_floor
+from .bench_floor import Floor, loopback_pair, measure_floor
 from .launch import Launcher, print_line
 from .launch_plan import LaunchOptions, node_cpus, parse_size
 from .settings import load_worker_settings
@@ -167,13 +167,7 @@ def _loopback_trial(pairs: int, size: int, target_bytes: float, congestion: Sequ
     conns: list[tuple[socket.socket, socket.socket]] = []
     try:
         for i in range(pairs):
-            with socket.create_server((f"127.0.0.{(i + 1) % 254 + 1}", 0)) as listener:
-                tx = socket.create_connection(listener.getsockname(), source_address=(f"127.0.0.{i % 254 + 1}", 0))
-                rx, _ = listener.accept()
-            for s in (tx, rx):
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                set_congestion(s, congestion)
-            conns.append((tx, rx))
+            conns.append(loopback_pair(i, i + 1, congestion))
         go = threading.Barrier(2 * pairs + 1, timeout=120)
         done = threading.Barrier(pairs + 1, timeout=120)
 

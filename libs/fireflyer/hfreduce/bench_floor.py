@@ -46,7 +46,7 @@ from fireflyer.wire.conn import set_congestion
 from .copies import _fan_out
 from .launch_plan import node_cpus
 
-__all__ = ["Floor", "ring_bytes", "combine", "measure_floor"]
+__all__ = ["Floor", "ring_bytes", "combine", "measure_floor", "loopback_pair"]
 
 _PIECE = 1 << 20  # bytes per sendall / recv_into (the loopback anchor's size)
 _COPY_BLOCK = 128 << 10  # source bytes per block of the non-temporal copy (as copies.copy_into)
@@ -144,19 +144,24 @@ def _node_main(cpus: tuple[int, ...] | None, tx: socket.socket | None, rx: socke
                 s.close()
 
 
+def loopback_pair(src: int, dst: int, congestion: Sequence[str] = ()) -> tuple[socket.socket, socket.socket]:
+    """A connected (tx, rx) TCP pair from simulated node ``src``'s loopback address to node
+    ``dst``'s (``127.0.0.(i+1)``, as ``ff launch`` gives them), no Nagle, the links' congestion control."""
+    with socket.create_server((f"127.0.0.{dst % 254 + 1}", 0)) as listener:
+        tx = socket.create_connection(listener.getsockname(), source_address=(f"127.0.0.{src % 254 + 1}", 0))
+        rx, _ = listener.accept()
+    for s in (tx, rx):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        set_congestion(s, congestion)
+    return tx, rx
+
+
 def _ring(nodes: int, congestion: Sequence[str]) -> list[tuple[socket.socket, socket.socket]]:
-    """One connected (tx, rx) pair per ring edge i -> i+1, from node i's address to node i+1's."""
-    pairs = []
+    """One connected (tx, rx) pair per ring edge i -> i+1."""
+    pairs: list[tuple[socket.socket, socket.socket]] = []
     try:
         for i in range(nodes):
-            j = (i + 1) % nodes
-            with socket.create_server((f"127.0.0.{j % 254 + 1}", 0)) as listener:
-                tx = socket.create_connection(listener.getsockname(), source_address=(f"127.0.0.{i % 254 + 1}", 0))
-                rx, _ = listener.accept()
-            for s in (tx, rx):
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                set_congestion(s, congestion)
-            pairs.append((tx, rx))
+            pairs.append(loopback_pair(i, (i + 1) % nodes, congestion))
     except BaseException:
         for tx, rx in pairs:
             tx.close()
