@@ -189,8 +189,19 @@ class NodeEngine(Pipeline, Streaming):
         return f"node {node} ({self.addresses[node]})"
 
     def link_congestion(self) -> dict[str, str | None]:
-        """Each link's TCP congestion control as the kernel reports it (``"t<tree>-n<peer>"`` keys)."""
-        return {f"t{lk.tree}-n{lk.peer}": congestion_of(lk.fs.sock) for lk in self._links}
+        """Each link's TCP congestion control as the kernel reports it (``"t<tree>-n<peer>"`` keys;
+        None for a link whose socket is closed already)."""
+        out: dict[str, str | None] = {}
+        for lk in self._links:
+            try:
+                out[f"t{lk.tree}-n{lk.peer}"] = congestion_of(lk.fs.sock)
+            except OSError:
+                out[f"t{lk.tree}-n{lk.peer}"] = None
+        return out
+
+    def congestion_summary(self) -> list[str]:
+        """The distinct congestion controls of the links, sorted (``"?"``: unknown or closed)."""
+        return sorted({c or "?" for c in self.link_congestion().values()})
 
     def start(self, timeout_s: float | None = None) -> None:
         """Connect to the tree neighbours (retrying until they are up) and start the threads.

@@ -525,7 +525,7 @@ class NodeComm:
                              sock_buf_bytes=w.settings.sock_buf_bytes, tcp_congestion=w.settings.congestion_prefs)
             eng.start(self.timeout_s)
             log.info("hfreduce.engine_connected", node=self.node_rank, comm=self.key,
-                     congestion=",".join(sorted({c or "?" for c in eng.link_congestion().values()})))
+                     congestion=",".join(eng.congestion_summary()))
         except BaseException:
             w.engine_slot.release()
             raise

@@ -311,8 +311,7 @@ class Worker:
                          "error": str(c.error) if c.error else "", "next_seq": c.next_seq, "fast_ops": c.fast_ops,
                          "posted_ops": c.posted_ops,
                          # the TCP congestion control of the engine's links (FF_HFREDUCE_TCP_CONGESTION)
-                         "congestion": sorted({x or "?" for x in c.engine.link_congestion().values()})
-                         if c.engine is not None else []}
+                         "congestion": c.engine.congestion_summary() if c.engine is not None else []}
                      for k, c in self._comms.items()}
         return {"node_rank": self.node_rank, "nnodes": self.nnodes, "pid": os.getpid(),
                 "local_world_size": self.local_world_size, "chunk_bytes": self.chunk_bytes,

@@ -142,7 +142,7 @@ def set_congestion(sock: socket.socket, prefs: Sequence[str]) -> str | None:
     Why a data-plane link picks its own: a host's default may be BBR, which paces every
     connection to its bandwidth estimate with timers -- on loopback and short fabric links
     that costs CPU per byte and caps throughput (measured on the CI VM: a 64 MiB exchange
-    took ~1.5x as long as with cubic or reno).  Unprivileged processes may set only what
+    took ~1.4x as long as with cubic, ~1.6x as long as with reno).  Unprivileged processes may set only what
     ``net.ipv4.tcp_allowed_congestion_control`` lists (reno and the default, at least).
     """
     if _TCP_CONGESTION is None:

@@ -421,3 +421,10 @@ def test_links_use_the_congestion_control_asked_for_at_both_ends(prefs: tuple[st
         assert all(np.all(a == 6) for a in arrs)
     finally:
         close_all(engines)
+
+
+def test_link_congestion_of_a_closed_engine_is_unknown_not_an_error() -> None:
+    engines = make_engines(2, tcp_congestion=("reno",))
+    assert [e.congestion_summary() for e in engines] == [["reno"], ["reno"]]
+    close_all(engines)
+    assert [e.congestion_summary() for e in engines] == [["?"], ["?"]]  # (worker.info() may ask any time)
