@@ -83,7 +83,8 @@ class _HFReduce:
         from fireflyer.hfreduce.kernels import dtype_from_name
 
         self._dtype_from_name = dtype_from_name
-        self.comm = hfreduce.init()  # type: ignore[attr-defined]
+        # (records only when the phases are printed: they cost a small op ~10 us per side)
+        self.comm = hfreduce.init(op_records=bool(os.environ.get("FF_BENCH_PHASES")))  # type: ignore[attr-defined]
         self.rank = int(os.environ["FF_RANK"])
         self.world = int(os.environ["FF_WORLD_SIZE"])
         self.phases = {"local_reduce_s": 0.0, "tree_s": 0.0, "writeback_s": 0.0}

@@ -24,6 +24,11 @@ communicator is dead: build a new one with ``init()``.
 
 Order: a rank's ops complete in submission order.
 
+Records.  ``comm.status()`` shows the worker's records of recent and pending ops (phases,
+arrivals, per-tree and per-peer times).  A communicator made with ``init(op_records=True)``
+also gets each op's record in its reply, as ``Work.record`` (otherwise None): that costs a
+small op the record's encoding and decoding, ~10 us on each side, so it is off by default.
+
 Replies.  There is no reader thread: the thread that waits reads the worker's replies
 itself (``Work.wait``, ``is_completed``, ``status``; one at a time, the others wait for
 it), so a blocking op costs one wake-up on the rank, not two (the reader's, then the
@@ -201,11 +206,13 @@ class Communicator:
 
     def __init__(self, *, rank: int, world_size: int, local_rank: int, local_world_size: int, node_rank: int,
                  nnodes: int, socket: str, job_id: str = "", name: str = "default", timeout_s: float | None = None,
-                 connect_timeout_s: float = 30.0) -> None:
+                 connect_timeout_s: float = 30.0, op_records: bool = False) -> None:
         self.rank, self.world_size = rank, world_size
         self.local_rank, self.local_world_size = local_rank, local_world_size
         self.node_rank, self.nnodes = node_rank, nnodes
         self.socket_path, self.job_id, self.name = socket, job_id, name
+        #: ask the worker for each op's record (``Work.record``); see the module docs
+        self.op_records = op_records
         self._lock = threading.RLock()
         self._ctl = threading.Lock()
         self._ctl_replies: list[Any] = []
@@ -349,7 +356,7 @@ class Communicator:
             self._pending[seq] = work
             try:
                 self._chan.send(Submit(seq=seq, kind=kind, op=op, dtype=dtype, count=count, seg=seg_id,
-                                       offset=offset, root=root, timeout_s=timeout))
+                                       offset=offset, root=root, timeout_s=timeout, record=self.op_records))
             except OSError:
                 pass  # whoever reads next sees the EOF and fails the op naming the worker
         if async_op:
@@ -577,12 +584,13 @@ _ENV = {"rank": "FF_RANK", "world_size": "FF_WORLD_SIZE", "local_rank": "FF_LOCA
 def init(*, rank: int | None = None, world_size: int | None = None, local_rank: int | None = None,
          local_world_size: int | None = None, node_rank: int | None = None, nnodes: int | None = None,
          socket: str | None = None, job_id: str | None = None, name: str = "default",
-         timeout_s: float | None = None, connect_timeout_s: float = 30.0,
+         timeout_s: float | None = None, connect_timeout_s: float = 30.0, op_records: bool = False,
          env: Mapping[str, str] | None = None) -> Communicator:
     """Join communicator ``name`` through this node's worker; arguments override the environment.
 
     Reads FF_RANK, FF_WORLD_SIZE, FF_LOCAL_RANK, FF_LOCAL_WORLD_SIZE, FF_NODE_RANK, FF_NNODES,
-    FF_HFREDUCE_SOCKET, FF_JOB_ID and FF_HFREDUCE_TIMEOUT_S (DESIGN.md §3).
+    FF_HFREDUCE_SOCKET, FF_JOB_ID and FF_HFREDUCE_TIMEOUT_S (DESIGN.md §3).  With ``op_records``
+    every op's :class:`Work` gets the worker's record of it (``Work.record``).
     """
     environ = os.environ if env is None else env
     given = {"rank": rank, "world_size": world_size, "local_rank": local_rank,
@@ -612,4 +620,4 @@ def init(*, rank: int | None = None, world_size: int | None = None, local_rank: 
         raise InvalidArgument(f"world size {values['world_size']} != local world size "
                               f"{values['local_world_size']} x nodes {values['nnodes']}")
     return Communicator(**values, socket=sock, job_id=job_id if job_id is not None else environ.get("FF_JOB_ID", ""),
-                        name=name, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
+                        name=name, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, op_records=op_records)

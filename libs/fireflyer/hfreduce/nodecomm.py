@@ -38,7 +38,7 @@ from fireflyer.core.log import get_logger
 from . import kernels
 from .errors import CollectiveTimeout, FingerprintMismatch, HFReduceError, PeerLost
 from .opexec import OpPlan, _WorkBuffers, execute, may_post, wire_layout
-from .protocol import Channel, Done, Failed, Hello, Submit
+from .protocol import Channel, Done, Failed, Hello, Submit, encode
 from .shm import Segment
 from .telemetry import OpRecord
 from .types import Fingerprint, OpStats
@@ -77,8 +77,11 @@ class RankConn:
         self.said_bye = False
 
     def send(self, msg: Any) -> None:
+        self.send_encoded(encode(msg))
+
+    def send_encoded(self, data: bytes) -> None:
         try:
-            self.chan.send(msg)
+            self.chan.send_encoded(data)
         except OSError:
             pass  # the rank is gone; its reader thread reports that
 
@@ -427,8 +430,13 @@ class NodeComm:
                                                                    times["writeback_s"])
                 rec.stats = stats
             done_rec = self.worker.ring_end(self, seq, "done")
+            plain = None  # (the record only to a rank that asked for it: see Submit.record)
             for r in range(self.K):
-                self.conns[r].send(Done(seq=seq, record=done_rec))
+                if ordered[r].record:
+                    self.conns[r].send(Done(seq=seq, record=done_rec))
+                else:
+                    plain = plain or encode(Done(seq=seq))  # one encoding for all the ranks
+                    self.conns[r].send_encoded(plain)
             if post:
                 nxt = None
                 with self._failing_on_error():

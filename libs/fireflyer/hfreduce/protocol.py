@@ -124,6 +124,9 @@ class Submit(_Msg, tag="submit", kw_only=True):
     offset: int = 0
     root: int = -1
     timeout_s: float = 0.0
+    #: the rank wants the op's :class:`OpRecord` in its ``Done`` (``init(op_records=True)``);
+    #: encoding and decoding one costs a small op ~10 us on each side, so only on request
+    record: bool = False
 
 
 class Done(_Msg, tag="done", kw_only=True):
@@ -190,7 +193,10 @@ class Channel:
         self._poll: select.poll | None = None
 
     def send(self, msg: _Msg) -> None:
-        data = encode(msg)
+        self.send_encoded(encode(msg))
+
+    def send_encoded(self, data: bytes) -> None:
+        """Send a message already :func:`encode` d (one encoding for several channels)."""
         with self._send_lock:
             self.sock.sendall(data)
 

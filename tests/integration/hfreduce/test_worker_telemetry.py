@@ -24,12 +24,12 @@ from fireflyer.hfreduce.worker import Worker
 from fireflyer.testing.poll import wait_for, wait_until
 
 
-def _ranks(sock: str, job: str, k: int = 2) -> list:
+def _ranks(sock: str, job: str, k: int = 2, *, op_records: bool = True) -> list:
     out: list = [None] * k
 
     def one(i: int) -> None:
         out[i] = init(rank=i, world_size=k, local_rank=i, local_world_size=k, node_rank=0, nnodes=1, socket=sock,
-                      job_id=job, timeout_s=10)
+                      job_id=job, timeout_s=10, op_records=op_records and i == 0)
 
     ts = [threading.Thread(target=one, args=(i,)) for i in range(k)]
     for t in ts:
@@ -71,6 +71,13 @@ async def test_worker_status_and_nats_telemetry(nats_settings, bus: Bus) -> None
         assert r.phase == "done" and sorted(r.arrivals) == [0, 1] and r.nbytes == 40000
         assert r.finished_at >= max(r.arrivals.values()) and r.local_reduce_s > 0
         assert work.record is not None and work.record.seq == 0
+        # only the rank that asked (init(op_records=True)) gets the records in its replies
+        w0 = c0.allreduce(x0, async_op=True)
+        w1 = c1.allreduce(x1, async_op=True)
+        await asyncio.to_thread(w0.wait, 10)
+        await asyncio.to_thread(w1.wait, 10)
+        assert w0.record is not None and w0.record.seq == 4 and w0.record.phase == "done"
+        assert w1.record is None
         await wait_for(lambda: sum(len(b.records) for b in got) >= 4, timeout_s=10, what="4 records on NATS")
         assert got[0].comm == "tele/default" and got[0].node_rank == 0
         assert [rec.seq for b in got for rec in b.records][:4] == [0, 1, 2, 3]
