@@ -41,6 +41,7 @@ from fireflyer.hfreduce import kernels
 from fireflyer.hfreduce._links import CHILD, PARENT, Link
 from fireflyer.hfreduce._op import OpState, divide_inplace, fp_from_wire
 from fireflyer.hfreduce.errors import FingerprintMismatch, HFReduceError
+from fireflyer.hfreduce.express import XOP
 from fireflyer.wire.frame import Request
 
 if TYPE_CHECKING:
@@ -220,7 +221,8 @@ class Pipeline:
         st.io_s[i] += dt
         if b > a:
             theirs = np.frombuffer(parent.slots[parent.consumed % self._ring], dtype=st.work.dtype, count=b - a)
-            kernels.reduce_into(st.work[a:b], [theirs, st.work[a:b]], st.redop, threads=1)
+            ours = st.work[a:b]  # (one view as input and output: the kernels see the alias without
+            kernels.reduce_into(ours, [theirs, ours], st.redop, threads=1)  # comparing addresses, ~2 us)
         with self._mu:
             parent.consumed += 1
             parent.cv.notify()  # type: ignore[union-attr]
@@ -429,6 +431,17 @@ class Pipeline:
                 if hdr.op == ABORT:
                     self._on_abort(lk, hdr)
                     fs.discard(plen)
+                    continue
+                if hdr.op == XOP:  # (its rid is a communicator op number, not ours: seen_op stays)
+                    express = self.express
+                    if express is not None and self._failure is None:
+                        express.on_frame(lk, hdr, plen)
+                        continue
+                    fs.discard(plen)
+                    if express is None:
+                        self._fail(HFReduceError(f"{self.who(lk.peer)} sent an express frame, but "
+                                                 f"{self.who(self.node)} has no express path (mixed versions?)",
+                                                 node=self.node, peer=lk.peer))
                     continue
                 with self._mu:
                     lk.seen_op = max(lk.seen_op, hdr.rid)

@@ -89,6 +89,7 @@ from fireflyer.hfreduce.errors import (
     HFReduceError,
     PeerLost,
 )
+from fireflyer.hfreduce.express import Express
 from fireflyer.hfreduce.trees import TreeNode, double_binary_tree, zone_aware_double_tree
 from fireflyer.hfreduce.types import Fingerprint, OpStats
 from fireflyer.wire.conn import FramedSocket, congestion_of
@@ -176,6 +177,9 @@ class NodeEngine(Pipeline, Streaming):
         #: called (no arguments, no lock held) once the engine failed: a posted op may have nobody
         #: waiting for it (:meth:`post`), so its owner needs telling
         self.on_failure: Callable[[], None] | None = None
+        #: two nodes: the express path of small allreduces (:mod:`.express`), made by :meth:`start`
+        #: before the readers, which hand it its ``hfr.x`` frames
+        self.express: Express | None = None
         #: (origin, fields) of a remote FingerprintMismatch that arrived between ops
         self._abort_mismatch: tuple[int, dict[str, object]] | None = None
         self._closing = False
@@ -202,6 +206,12 @@ class NodeEngine(Pipeline, Streaming):
     def congestion_summary(self) -> list[str]:
         """The distinct congestion controls of the links, sorted (``"?"``: unknown or closed)."""
         return sorted({c or "?" for c in self.link_congestion().values()})
+
+    def express_link(self) -> Link:
+        """The tree-0 link of a two-node engine, which carries the :mod:`.express` frames."""
+        if self.nnodes != 2 or not self._links:
+            raise InvalidArgument("the express path needs a started two-node engine", nnodes=self.nnodes)
+        return next(lk for lk in self._links if lk.tree == 0)
 
     def start(self, timeout_s: float | None = None) -> None:
         """Connect to the tree neighbours (retrying until they are up) and start the threads.
@@ -279,6 +289,8 @@ class NodeEngine(Pipeline, Streaming):
                 link.meta = [(-1, -1, 0, None, 0.0)] * self._ring
                 self._add_link(link)
         self._setup_streaming()
+        if self.nnodes == 2:
+            self.express = Express(self)
         for link in self._links:
             self._spawn(self._read_loop, link, f"hfr-read-{self.node}-t{link.tree}-n{link.peer}")
             if link.role == CHILD:

@@ -37,6 +37,8 @@ from fireflyer.core.log import get_logger
 
 from . import kernels
 from .errors import CollectiveTimeout, FingerprintMismatch, HFReduceError, PeerLost
+from .express import Express, XOp
+from .express import eligible as express_eligible
 from .opexec import OpPlan, _WorkBuffers, execute, may_post, wire_layout
 from .protocol import Channel, Done, Failed, Hello, Submit, encode
 from .shm import Segment
@@ -123,6 +125,10 @@ class NodeComm:
         self.fast_ops = 0
         #: of those, the ops that were posted: released and ended by the thread that completed them
         self.posted_ops = 0
+        #: of those, the two-node ops that took the express path (:mod:`.express`)
+        self.express_ops = 0
+        #: two nodes: the lean path of small allreduces (set once the engine is connected)
+        self.express: Express | None = None
         self.closing = False
         self.engine: Any = None
         self.scratch = _WorkBuffers()
@@ -231,7 +237,10 @@ class NodeComm:
                 nxt: tuple[int, dict[int, tuple[Submit, float, float]]] | None = (seq, subs)
                 while nxt is not None:
                     seq, posted = nxt[0], False
-                    nxt = self._run_op(*nxt, chain=True)
+                    if self._express_subs(nxt[1]):
+                        nxt = self._run_express(*nxt)
+                    else:
+                        nxt = self._run_op(*nxt, chain=True)
                     if nxt is None:
                         nxt, tls.handed = tls.handed, None
                         posted = nxt is None and self._posted is not None
@@ -288,9 +297,15 @@ class NodeComm:
                     seq, subs, watch = self._wait_for_op()
                     if watch is not None:
                         self._watched = seq
-                        self.engine.wait(*watch)  # returns once it completed; raises its failure
+                        if watch[0] == "x":
+                            self.express.wait(seq, watch[1])  # type: ignore[union-attr]
+                        else:
+                            self.engine.wait(*watch)  # returns once it completed; raises its failure
                         continue
-                    self._run_op(seq, subs)
+                    if self._express_subs(subs):
+                        self._run_express(seq, subs)
+                    else:
+                        self._run_op(seq, subs)
         except _Closing:
             self._close_handshake()
         finally:
@@ -341,6 +356,8 @@ class NodeComm:
                 p = self._posted
                 if self.busy and p is not None and p[0] != self._watched and (
                         time.monotonic() - p[2] >= WATCH_S or self.engine.failed is not None):
+                    if self.express is not None and self.express.running(p[0]):
+                        return p[0], {}, ("x", p[1])
                     st = self.engine.current(p[0])
                     if st is not None:  # (None: it is still being posted; look again shortly)
                         return p[0], {}, (st, p[1])
@@ -379,16 +396,7 @@ class NodeComm:
         self._check_fingerprints(seq, ordered)
         s0 = ordered[0]
         rec = self.worker.ring_record(self, seq)
-        views = []
-        for r, sub in enumerate(ordered):
-            conn = self.conns[r]
-            if sub.count == 0 or sub.kind == "barrier":
-                views.append(_empty(sub.dtype))
-                continue
-            seg = conn.segments.get(sub.seg)
-            if seg is None:
-                raise HFReduceError(f"{conn.label()} submitted op #{seq} on unknown segment {sub.seg}", seq=seq)
-            views.append(seg.array(kernels.dtype_from_name(sub.dtype), sub.count, sub.offset))
+        views = self._views(seq, ordered)
         dtype = kernels.dtype_from_name(s0.dtype) if s0.kind != "barrier" else _I32
         root_local = None if s0.root < 0 else next((r for r, g in self.global_rank.items() if g == s0.root), None)
         if s0.kind == "broadcast" and self.engine is None and root_local is None:
@@ -399,6 +407,8 @@ class NodeComm:
         named = dtype if s0.kind in ("allreduce", "reduce") else wdt
         fp = Fingerprint(comm=self.key, seq=seq, op=engine_op, dtype=kernels.dtype_name(named), count=wcount,
                          kind=s0.kind)
+        if self.express is not None:  # (the peer must not have sent this op express: a mismatch)
+            self.express.engine_op(seq, fp)
         plan = OpPlan(kind=s0.kind, op=s0.op, dtype=dtype, count=s0.count, views=views,
                       world_size=self.world_size, root_local=root_local,
                       chunk_bytes=self.worker.chunk_bytes, threads=self.worker.threads)
@@ -429,14 +439,7 @@ class NodeComm:
                 rec.local_reduce_s, rec.tree_s, rec.writeback_s = (times["local_reduce_s"], times["tree_s"],
                                                                    times["writeback_s"])
                 rec.stats = stats
-            done_rec = self.worker.ring_end(self, seq, "done")
-            plain = None  # (the record only to a rank that asked for it: see Submit.record)
-            for r in range(self.K):
-                if ordered[r].record:
-                    self.conns[r].send(Done(seq=seq, record=done_rec))
-                else:
-                    plain = plain or encode(Done(seq=seq))  # one encoding for all the ranks
-                    self.conns[r].send_encoded(plain)
+            self._tell_ranks(seq, ordered)
             if post:
                 nxt = None
                 with self._failing_on_error():
@@ -461,6 +464,103 @@ class NodeComm:
                 for k, v in ran[1].items():
                     span.set_attribute(f"hfreduce.{k}", v)
         return self._finish(seq, chain)
+
+    def _views(self, seq: int, ordered: list[Submit]) -> list[np.ndarray]:
+        """Each local rank's buffer of op ``seq`` (a view of its registered segment)."""
+        views = []
+        for r, sub in enumerate(ordered):
+            conn = self.conns[r]
+            if sub.count == 0 or sub.kind == "barrier":
+                views.append(_empty(sub.dtype))
+                continue
+            seg = conn.segments.get(sub.seg)
+            if seg is None:
+                raise HFReduceError(f"{conn.label()} submitted op #{seq} on unknown segment {sub.seg}", seq=seq)
+            views.append(seg.array(kernels.dtype_from_name(sub.dtype), sub.count, sub.offset))
+        return views
+
+    def _tell_ranks(self, seq: int, ordered: list[Submit]) -> None:
+        """Op ``seq`` is done and its result in every rank's buffer: end its record, release the ranks."""
+        done_rec = self.worker.ring_end(self, seq, "done")
+        plain = None  # (the record only to a rank that asked for it: see Submit.record)
+        for r in range(self.K):
+            if ordered[r].record:
+                self.conns[r].send(Done(seq=seq, record=done_rec))
+            else:
+                plain = plain or encode(Done(seq=seq))  # one encoding for all the ranks
+                self.conns[r].send_encoded(plain)
+
+    # -- the express path (two nodes, small allreduces: .express) -------------------------------
+
+    def _express_subs(self, subs: dict[int, tuple[Submit, float, float]]) -> bool:
+        """Does the op of these submits take the express path?  (Local rank 0's says: ranks that
+        disagree fail on their fingerprints either way.)"""
+        return self.express is not None and bool(subs) and self._goes_express(subs[min(subs)][0])
+
+    def _goes_express(self, sub: Submit) -> bool:
+        """Does op ``sub`` take the express path?  (The same answer on both nodes: the op decides.)"""
+        if self.express is None or sub.kind != "allreduce":
+            return False
+        try:
+            return express_eligible(sub.kind, kernels.dtype_from_name(sub.dtype), sub.count)
+        except FireFlyerError:
+            return False  # it fails on its dtype wherever it runs
+
+    def _run_express(self, seq: int, subs: dict[int, tuple[Submit, float, float]]) -> None:
+        """Start express op ``seq`` (claimed with ``busy``); whichever thread gets the peer's partial
+        finishes it (:meth:`_express_done`).  Returns None: a next op is chained from there."""
+        assert self.express is not None
+        ordered = [subs[r][0] for r in range(self.K)]
+        self._check_fingerprints(seq, ordered)
+        s0 = ordered[0]
+        views = self._views(seq, ordered)
+        dtype = kernels.dtype_from_name(s0.dtype)
+        narrow = kernels.carried_dtype(dtype) != dtype
+        redop = "sum" if s0.op == "avg" else s0.op
+        t = time.perf_counter()
+        ours = self.scratch.get(kernels.carried_dtype(dtype), s0.count) if narrow else views[0]
+        if narrow or self.K > 1:  # our partial: the ranks' reduce (into rank 0's own buffer when it can)
+            kernels.reduce_into(ours, views, redop, threads=1)
+        local_s = time.perf_counter() - t
+        rec = self.worker.ring_record(self, seq)
+        if rec is not None:
+            rec.phase = "exchange"
+            rec.nbytes = s0.count * dtype.itemsize
+        # the fingerprint the engine path would carry for it (the ranks' dtype, the op as given)
+        fpw: list[object] = [self.key, seq, s0.op, kernels.dtype_name(dtype), s0.count, "allreduce"]
+        op = XOp(seq, fpw, ours, views, narrow=narrow, redop=redop,
+                 divisor=self.world_size if s0.op == "avg" else 1, on_done=self._express_done)
+        op.local_s = local_s
+        op.ctx = (ordered, rec)
+        timeout = s0.timeout_s or self.timeout_s
+        start = max(min(m for _, _, m in subs.values()), self._prev_end)
+        with self._lock:
+            # (the op thread watches it once slow, with the engine path's deadline and slack)
+            self._posted = (seq, max(0.1, start + timeout + ENGINE_SLACK_S - time.monotonic()), time.monotonic())
+            self.posted_ops += 1
+            self.express_ops += 1
+        self.express.start(op)
+
+    def _express_done(self, op: XOp) -> None:
+        """Express op ``op`` is in every rank's buffer (on the thread that finished it): record,
+        release, and run the next op if its ranks are all in and it may run here."""
+        seq = op.seq
+        ordered, rec = op.ctx
+        with self._lock:
+            if self.error is not None:
+                return  # failed meanwhile: the ranks have the error
+            self.submits.pop(seq, None)
+        if rec is not None:
+            rec.local_reduce_s, rec.tree_s = op.local_s, time.monotonic() - op.t0
+            rec.stats = op.stats(self.express.peer if self.express is not None else -1)
+        if self.worker.tracing:
+            self.worker.span_after(self, ordered[0], seq, op.started_at, rec)
+        self._tell_ranks(seq, ordered)
+        nxt = None
+        with self._failing_on_error():
+            nxt = self._finish(seq, chain=True, postable=True)
+        if nxt is not None:
+            self._run_fast(*nxt)
 
     def _finish(self, seq: int, chain: bool, *,
                 postable: bool = False) -> tuple[int, dict[int, tuple[Submit, float, float]]] | None:
@@ -494,7 +594,11 @@ class NodeComm:
 
     def _postable(self, sub: Submit, dtype: np.dtype | None = None) -> bool:
         """Would op ``sub`` (of ``dtype``, if already known) be posted, not waited for? (See _run_op.)"""
-        if self.worker.tracing or self.engine is None:
+        if self.engine is None:
+            return False
+        if self._goes_express(sub):
+            return True  # (tracing or not: the path must be the op's, see _goes_express)
+        if self.worker.tracing:
             return False
         if dtype is None:
             try:
@@ -539,6 +643,7 @@ class NodeComm:
             raise
         eng.on_failure = self._engine_failed
         self.engine = eng
+        self.express = eng.express
 
     def _engine_failed(self) -> None:
         """The engine failed: wake the op thread, which reports it (a posted op may have no waiter)."""

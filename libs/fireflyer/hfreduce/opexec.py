@@ -310,7 +310,8 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
 
         def fill(a: int, b: int) -> None:
             t1 = time.perf_counter()
-            kernels.reduce_into(work[a:b], [v[a:b] for v in views], local_op, threads=1)
+            out = work[a:b]  # (rank 0's own view when work is its buffer: an alias seen without addresses)
+            kernels.reduce_into(out, [out if v is work else v[a:b] for v in views], local_op, threads=1)
             spent.append(time.perf_counter() - t1)
 
         def fuse(a: int, b: int, children: Sequence[np.ndarray]) -> None:

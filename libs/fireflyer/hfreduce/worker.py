@@ -309,7 +309,7 @@ class Worker:
         with self._lock:
             comms = {k: {"generation": c.generation, "joined": sorted(c.conns), "left": sorted(c.left),
                          "error": str(c.error) if c.error else "", "next_seq": c.next_seq, "fast_ops": c.fast_ops,
-                         "posted_ops": c.posted_ops,
+                         "posted_ops": c.posted_ops, "express_ops": c.express_ops,
                          # the TCP congestion control of the engine's links (FF_HFREDUCE_TCP_CONGESTION)
                          "congestion": c.engine.congestion_summary() if c.engine is not None else []}
                      for k, c in self._comms.items()}
@@ -352,13 +352,28 @@ class Worker:
         """The op's span (entered: the span, or None when tracing is off)."""
         return self._span(comm, sub, seq) if self.tracing else contextlib.nullcontext()
 
+    def span_after(self, comm: NodeComm, sub: Submit, seq: int, started_at: float, rec: OpRecord | None) -> None:
+        """The span of an op that ran without one open (an express op, which no thread waits for):
+        from ``started_at`` (``time.time()``) to now, with the record's phase times."""
+        from fireflyer.telemetry import tracer
+
+        sp = tracer("fireflyer.hfreduce").start_span(f"hfreduce.{sub.kind}", attributes=self._span_attrs(comm, sub, seq),
+                                                     start_time=int(started_at * 1e9))
+        if rec is not None:
+            for k in ("local_reduce_s", "tree_s", "writeback_s"):
+                sp.set_attribute(f"hfreduce.{k}", getattr(rec, k))
+        sp.end()
+
+    def _span_attrs(self, comm: NodeComm, sub: Submit, seq: int) -> dict[str, Any]:
+        return {"hfreduce.comm": comm.key, "hfreduce.seq": seq, "hfreduce.kind": sub.kind, "hfreduce.op": sub.op,
+                "hfreduce.dtype": sub.dtype, "hfreduce.count": sub.count, "hfreduce.node": self.node_rank}
+
     @contextlib.contextmanager
     def _span(self, comm: NodeComm, sub: Submit, seq: int) -> Iterator[Any]:
         from fireflyer.telemetry import tracer
 
-        attrs = {"hfreduce.comm": comm.key, "hfreduce.seq": seq, "hfreduce.kind": sub.kind, "hfreduce.op": sub.op,
-                 "hfreduce.dtype": sub.dtype, "hfreduce.count": sub.count, "hfreduce.node": self.node_rank}
-        with tracer("fireflyer.hfreduce").start_as_current_span(f"hfreduce.{sub.kind}", attributes=attrs) as sp:
+        with tracer("fireflyer.hfreduce").start_as_current_span(f"hfreduce.{sub.kind}",
+                                                                attributes=self._span_attrs(comm, sub, seq)) as sp:
             yield sp
 
 

@@ -126,7 +126,7 @@ def _run(mode: str, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
             elif i is not None:
                 assert np.all(got == -i - 1), (i, got)  # root 0's values
         info = comm.status().worker["comms"]["test/default"]
-        return {"fast_ops": info["fast_ops"], "posted_ops": info["posted_ops"]}
+        return {"fast_ops": info["fast_ops"], "posted_ops": info["posted_ops"], "express_ops": info["express_ops"]}
     if mode == "ops":  # a few allreduces (a communicator after a failure still works)
         for _ in range(3):
             x = np.full(5000, comm.rank + 1, np.float32)
@@ -142,6 +142,10 @@ def _run(mode: str, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
         dt = np.float32 if comm.node_rank == 0 else ml_dtypes.bfloat16
         _mark()
         comm.allreduce(np.ones(args.count, dt))
+        return {}
+    if mode == "count_by_node":  # node 1's ranks reduce one element more than node 0's
+        _mark()
+        comm.allreduce(np.ones(args.count + comm.node_rank, np.float32))
         return {}
     if mode == "sleep":
         comm.allreduce(np.ones(10, np.float32))

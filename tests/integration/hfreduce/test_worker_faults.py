@@ -14,6 +14,7 @@ import signal
 import pytest
 from hfr_cluster import Cluster
 
+from fireflyer.hfreduce.express import EXPRESS_BYTES
 from fireflyer.hfreduce.shm import list_segments
 
 TIMEOUT_S = 2.0
@@ -66,6 +67,52 @@ def test_worker_nodes_reducing_different_dtypes_raise_a_mismatch_everywhere(coun
         msg = res[r]["message"]
         assert "bfloat16" in msg and "float32" in msg, msg
         assert res[r]["op_elapsed"] < TIMEOUT_S + SLACK_S, res[r]
+    assert list_segments() == []
+
+
+@pytest.mark.parametrize("count", [1000, EXPRESS_BYTES // 4])
+def test_worker_nodes_disagreeing_on_a_small_ops_size_raise_a_mismatch_everywhere(count: int) -> None:
+    """Node 0 reduces ``count`` elements, node 1 one more.  At 1,000 both take the express path
+    (two nodes, small allreduce); at EXPRESS_BYTES / 4 node 0 does and node 1, one element over,
+    takes the engine: the frame that arrives for an op the other node runs on the engine is a
+    mismatch too, and every rank is told both fingerprints, well before the deadline."""
+    c = _start()
+    try:
+        res = c.ranks("count_by_node", count=count, timeout_s=30).results()
+    finally:
+        c.stop()
+    _all_raised(res, [0, 1, 2, 3])
+    for r in range(4):
+        assert res[r]["kind"] == "FingerprintMismatch", res[r]
+        msg = res[r]["message"]
+        assert f"{count} el" in msg and f"{count + 1} el" in msg, msg
+        assert res[r]["op_elapsed"] < TIMEOUT_S + SLACK_S, res[r]
+    assert list_segments() == []
+
+
+def test_worker_stopped_peer_worker_is_named_by_the_other_node_within_deadline() -> None:
+    """Two nodes, one rank each, a small (express) allreduce while node 1's worker is stopped:
+    node 0's rank raises a CollectiveTimeout naming node 1 after the deadline (plus the engine's
+    slack), not later; node 1's rank finds its own worker silent."""
+    from fireflyer.hfreduce.client import GRACE_S
+
+    c = Cluster(2, 1, chunk="1k", timeout_s=1.0).start()
+    try:
+        run = c.ranks("pause", wait=False)
+        run.wait_line("submitting", 2)
+        c.workers[1].send_signal(signal.SIGSTOP)
+        (run.out / "go").touch()
+        run.wait(30)
+        res = run.results()
+        c.workers[1].send_signal(signal.SIGCONT)
+    finally:
+        c.stop()
+    _all_raised(res, [0, 1])
+    assert res[0]["kind"] == "CollectiveTimeout", res[0]
+    assert "node 1" in res[0]["message"] and "exchange" in res[0]["message"], res[0]["message"]
+    assert 1.0 <= res[0]["op_elapsed"] < 1.0 + SLACK_S, res[0]
+    assert res[1]["kind"] == "CollectiveTimeout" and "worker of node 1" in res[1]["message"], res[1]
+    assert res[1]["op_elapsed"] < 1.0 + GRACE_S + 1.0, res[1]
     assert list_segments() == []
 
 

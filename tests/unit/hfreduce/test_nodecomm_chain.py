@@ -19,6 +19,7 @@ def _bare_comm() -> NodeComm:
     comm.error = None
     comm.key = "t/default"
     comm.node_rank = 0
+    comm.express = None
     return comm
 
 

@@ -1,0 +1,252 @@
+"""Small allreduces between two nodes: one frame each way, and as little Python as it takes.
+
+With two nodes a small allreduce is an *exchange*: each node sends its partial (its local
+ranks' reduce) to the other, and both reduce the two partials in node order (node 0's
+first), so both hold the same bits after one hop.  The engine's general path can run that
+exchange too, through its op state machine (layouts, ring slots, step claims, per-tree
+stats, phase callbacks); on the CI VM that machinery cost a 4-byte op ~170 µs of worker
+CPU, about 300 Python calls, while the exchange written with only what it needs, over the
+same message layers (msgspec to the ranks, ``fireflyer.wire`` frames between the workers),
+took ~60 µs per op end to end (a prototype, 2026-11-26).  This module is that lean path.
+
+:class:`~fireflyer.hfreduce.nodecomm.NodeComm` sends an op here when :func:`eligible` says
+so -- an allreduce of at most :data:`EXPRESS_BYTES` carried bytes on a two-node
+communicator.  The test depends on the op alone (never on a node's settings), so when the
+nodes agree on the op they agree on the path.
+
+**Wire.**  One ``hfr.x`` frame per node and op on the tree-0 link between the two nodes
+(the engine's reader for that link hands it to :meth:`Express.on_frame`): ``rid`` is the
+communicator's op number, ``meta`` ``{"fp": fingerprint}``, the payload the partial in
+the carried dtype (float32 for narrower floats).  It shares the link, and so its order,
+with the engine's frames and its ``hfr.abort`` flood.
+
+**Failures** go through the engine, so that both nodes hear them as they would from an
+engine op: a fingerprint that differs (also a frame for an op this node runs on the engine,
+or an engine op where the peer sent a frame) fails the engine with
+:class:`FingerprintMismatch`, which floods it; a dead peer is the engine reader's EOF; a
+slow op is the op thread's :meth:`Express.wait` (the engine's deadline rules: the op's
+deadline plus the slack that lets a node whose rank is missing report it first), which
+blames the peer node.  After any of these the engine is dead and the generation fails.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fireflyer.wire.frame import Request
+
+from . import kernels
+from ._op import divide_inplace, fp_from_wire
+from .errors import CollectiveTimeout, FingerprintMismatch, HFReduceError
+from .types import Fingerprint, OpStats, PeerStats, TreeStats
+
+if TYPE_CHECKING:
+    from ._links import Link
+    from .engine import NodeEngine
+
+__all__ = ["XOP", "EXPRESS_BYTES", "Express", "XOp", "eligible"]
+
+XOP = "hfr.x"
+#: the largest express op, in carried bytes (a constant: both nodes must take the same path)
+EXPRESS_BYTES = 64 << 10
+#: frames of ops this node has not started yet: the peer can be at most an op or two ahead
+#: (it cannot finish an op without our frame), so more is a protocol error
+_MAX_PARKED = 16
+_perf = time.perf_counter
+_mono = time.monotonic
+
+
+def eligible(kind: str, dtype: np.dtype, count: int) -> bool:
+    """Does a two-node op go express?  (Decided from the op alone: see the module docs.)"""
+    return kind == "allreduce" and count * kernels.carried_dtype(dtype).itemsize <= EXPRESS_BYTES
+
+
+class XOp:
+    """One express op on this node: the caller's buffers and what the exchange needs."""
+
+    __slots__ = ("seq", "fpw", "ours", "views", "targets", "narrow", "redop", "divisor", "t0", "started_at",
+                 "local_s", "send_s", "recv_s", "done", "on_done", "ctx")
+
+    def __init__(self, seq: int, fpw: list[object], ours: np.ndarray, views: list[np.ndarray], *, narrow: bool,
+                 redop: str, divisor: int, on_done: Callable[[XOp], None]) -> None:
+        self.seq = seq
+        #: the fingerprint as it travels (``_op.fp_wire``)
+        self.fpw = fpw
+        #: our partial (carried dtype); the result lands in it too
+        self.ours = ours
+        self.views = views
+        #: narrow floats: the float32 result is rounded into views[0], then copied to the others;
+        #: otherwise it is copied into every view that is not ``ours`` itself
+        self.narrow = narrow
+        self.targets = views if narrow else [v for v in views if v is not ours]
+        self.redop = redop
+        self.divisor = divisor
+        self.t0 = _mono()
+        self.started_at = time.time()
+        self.local_s = self.send_s = self.recv_s = 0.0
+        self.done = False
+        #: called once with the op when the result is in every view, on the thread that finished it
+        self.on_done = on_done
+        #: the caller's own state of the op
+        self.ctx: Any = None
+
+    def stats(self, peer: int) -> OpStats:
+        """The op's telemetry: the exchange is tree 0's only phase."""
+        took = _mono() - self.t0
+        n = self.ours.nbytes
+        return OpStats(seq=self.seq, kind="allreduce", nbytes=n, trees=[TreeStats(up_s=took), TreeStats()],
+                       peers={peer: PeerStats(bytes_sent=n, bytes_received=n, transfer_s=self.send_s + self.recv_s)},
+                       started_at=self.started_at, finished_at=self.started_at + took)
+
+    def fingerprint(self) -> Fingerprint:
+        return Fingerprint(*self.fpw)  # type: ignore[arg-type]
+
+
+class Express:
+    """The express path of a two-node engine (see the module docs); one op at a time."""
+
+    def __init__(self, engine: NodeEngine) -> None:
+        """Made by a two-node engine once its links are up, before its readers start."""
+        self.engine = engine
+        self.link: Link = engine.express_link()
+        self.peer = self.link.peer
+        #: node 0's partial comes first on both nodes: the same bits everywhere
+        self.first = engine.node < self.peer
+        self._lock = threading.RLock()  # (re-entered: a failure found under it wakes the waiters)
+        self._cv = threading.Condition(self._lock)
+        self._op: XOp | None = None
+        self._parked: dict[int, tuple[object, np.ndarray, float]] = {}
+        #: the op NodeComm last ran on the engine (a frame for it means the nodes disagree)
+        self._engine_seq = -1
+        self._engine_fp = ""
+        self._done_seq = -1
+
+    # -- the op's two halves --------------------------------------------------------------------
+
+    def start(self, op: XOp) -> None:
+        """Send our partial, then finish the op here if the peer's is in already (the caller's
+        thread: a rank's reader or the op thread).  Raises the engine's failure."""
+        t = _perf()
+        try:
+            self.link.send(Request(rid=op.seq, op=XOP, meta={"fp": op.fpw}), memoryview(op.ours.view(np.uint8)))
+        except Exception as e:  # noqa: BLE001 - OSError or FireFlyerError: the link is gone
+            self.engine._link_failed(self.link, e)
+            raise self.engine._reraise(op.fingerprint()) from None
+        op.send_s = _perf() - t
+        with self._lock:
+            self._op = op  # (after the send: the result overwrites ``ours``, which the send reads)
+            got = self._parked.pop(op.seq, None)
+        if got is not None:
+            self._finish(op, *got)
+
+    def on_frame(self, lk: Link, hdr: Request, plen: int) -> None:
+        """The peer's partial (on the link's reader): finish the op, or park it until it starts."""
+        buf = np.empty(plen, np.uint8)
+        t = _perf()
+        lk.fs.recv_into(memoryview(buf))  # (errors: the reader's, a lost link)
+        took = _perf() - t
+        fpw = hdr.meta.get("fp")
+        seq = hdr.rid
+        try:
+            with self._lock:
+                op = self._op
+                if op is None or op.seq != seq:
+                    self._park(seq, fpw, buf, took)
+                    return
+            self._finish(op, fpw, buf, took)
+        except HFReduceError:
+            return  # the engine has failed with it (floods it, wakes the op thread)
+
+    def _park(self, seq: int, fpw: object, buf: np.ndarray, took: float) -> None:
+        """Under the lock: keep the frame of an op this node has not started (the peer is ahead)."""
+        if seq == self._engine_seq:
+            self._fail(self._mismatch(self._engine_fp, fpw))
+        if seq <= self._done_seq or seq in self._parked or len(self._parked) >= _MAX_PARKED:
+            self._fail(HFReduceError(
+                f"{self.engine.who(self.peer)} sent an express frame for op #{seq}, which "
+                f"{self.engine.who(self.engine.node)} has {'finished' if seq <= self._done_seq else 'not started'} "
+                f"({len(self._parked)} frames parked)", node=self.engine.node, peer=self.peer, seq=seq))
+        self._parked[seq] = (fpw, buf, took)
+
+    def _finish(self, op: XOp, fpw: object, buf: np.ndarray, took: float) -> None:
+        """Both partials are here: reduce them in node order, write every view, report."""
+        if fpw != op.fpw or buf.nbytes != op.ours.nbytes:
+            self._fail(self._mismatch(str(op.fingerprint()), fpw))
+        op.recv_s = took
+        ours = op.ours
+        theirs = buf.view(ours.dtype)
+        kernels.reduce_into(ours, [ours, theirs] if self.first else [theirs, ours], op.redop, threads=1)
+        if op.divisor != 1:
+            divide_inplace(ours, op.divisor)
+        targets = op.targets
+        if op.narrow:
+            kernels.cast_into(targets[0], ours, threads=1)
+            for v in targets[1:]:
+                np.copyto(v, targets[0])
+        else:
+            for v in targets:
+                np.copyto(v, ours)
+        with self._lock:
+            op.done = True
+            self._op = None
+            self._done_seq = op.seq
+            self._cv.notify_all()
+        op.on_done(op)
+
+    # -- NodeComm's bookkeeping -----------------------------------------------------------------
+
+    def engine_op(self, seq: int, fp: Fingerprint) -> None:
+        """NodeComm runs op ``seq`` on the engine: a frame for it (now or later) is a mismatch."""
+        with self._lock:
+            self._engine_seq, self._engine_fp = seq, str(fp)
+            got = self._parked.pop(seq, None)
+        if got is not None:
+            self._fail(self._mismatch(str(fp), got[0]))
+
+    def running(self, seq: int) -> bool:
+        """Is op ``seq`` started here and not finished?"""
+        op = self._op
+        return op is not None and op.seq == seq and not op.done
+
+    def wait(self, seq: int, deadline_s: float) -> None:
+        """The op thread's watch over a slow op (``deadline_s`` counts from its start): return
+        once it finished; raise the engine's failure, or a timeout blaming the peer."""
+        with self._lock:
+            op = self._op
+            if op is None or op.seq != seq:
+                return
+            end = op.t0 + deadline_s
+            while not op.done and self.engine.failed is None and _mono() < end:
+                self._cv.wait(min(0.05, max(0.001, end - _mono())))
+            if op.done:
+                return
+        if self.engine.failed is None:
+            waited = _mono() - op.t0
+            self._fail(CollectiveTimeout(
+                f"{op.fingerprint()} on {self.engine.who(self.engine.node)}: {self.engine.who(self.peer)} sent "
+                f"nothing for {waited:.1f} s in the two-node exchange", node=self.engine.node, peer=self.peer,
+                tree=self.link.tree, phase="exchange", chunk=0, seq=seq, missing=str(self.peer),
+                waited_s=round(waited, 3)))
+        raise self.engine._reraise(op.fingerprint())
+
+    # -- failure --------------------------------------------------------------------------------
+
+    def _mismatch(self, ours: str, theirs: object) -> FingerprintMismatch:
+        """We run ``ours`` (shown), the peer's frame says ``theirs`` (as it travels)."""
+        shown = fp_from_wire(theirs)
+        return FingerprintMismatch(
+            f"collective mismatch on {self.engine.who(self.engine.node)}: we run {ours} but "
+            f"{self.engine.who(self.peer)} runs {shown} (every node must issue the same collectives in the same "
+            f"order)", node=self.engine.node, peer=self.peer, ours=ours, theirs=shown)
+
+    def _fail(self, err: HFReduceError) -> None:
+        """Fail the engine with ``err`` (the peers hear it through its abort flood), then raise it."""
+        self.engine._fail(err)
+        with self._cv:
+            self._cv.notify_all()
+        raise err
