@@ -336,6 +336,8 @@ class NodeComm:
             return
         fp = Fingerprint(comm=self.key, seq=self.next_seq, op="sum", dtype="int32", count=1, kind="close")
         try:
+            if self.express is not None:  # (the peer's express frame for this op number: a mismatch)
+                self.express.engine_op(fp.seq, fp)
             self.engine.allreduce(np.zeros(1, np.int32), "sum", fp, deadline_s=min(self.timeout_s, 30.0))
         except HFReduceError as e:
             log.info("hfreduce.close_handshake_failed", comm=self.key, error=str(e))

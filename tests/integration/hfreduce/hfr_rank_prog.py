@@ -147,6 +147,12 @@ def _run(mode: str, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
         _mark()
         comm.allreduce(np.ones(args.count + comm.node_rank, np.float32))
         return {}
+    if mode == "one_more_on_node1":  # node 1's ranks run one op more; node 0's close meanwhile
+        comm.allreduce(np.ones(10, np.float32))
+        if comm.node_rank == 1:
+            _mark()
+            comm.allreduce(np.ones(10, np.float32))
+        return {}
     if mode == "sleep":
         comm.allreduce(np.ones(10, np.float32))
         if comm.rank == args.victim:

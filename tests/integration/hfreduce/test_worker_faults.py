@@ -116,6 +116,23 @@ def test_worker_stopped_peer_worker_is_named_by_the_other_node_within_deadline()
     assert list_segments() == []
 
 
+def test_worker_node_running_an_op_the_other_closed_on_is_told_close_at_once() -> None:
+    """Node 0's ranks close after one op; node 1's run a second (a small, express allreduce).
+    Node 0's worker ends with a ``close`` collective: node 1's ranks get a fingerprint mismatch
+    naming it, well before the deadline, and node 0's ranks close cleanly."""
+    c = _start(timeout_s=10.0)
+    try:
+        res = c.ranks("one_more_on_node1", timeout_s=30).results()
+    finally:
+        c.stop()
+    assert all(res[r]["ok"] for r in (0, 1)), res
+    for r in (2, 3):
+        assert res[r]["kind"] == "FingerprintMismatch", res[r]
+        assert "close#1" in res[r]["message"] and "allreduce#1" in res[r]["message"], res[r]["message"]
+        assert res[r]["op_elapsed"] < 5.0, res[r]
+    assert list_segments() == []
+
+
 def test_worker_sleeping_rank_named_within_deadline() -> None:
     c = _start()
     try:
