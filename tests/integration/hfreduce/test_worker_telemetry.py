@@ -317,3 +317,66 @@ def test_two_workers_links_use_the_configured_congestion_control() -> None:
         for w in ws:
             w.stop()
     assert list_segments() == []
+
+
+def test_two_node_small_allreduces_go_express_with_records_and_spans(monkeypatch) -> None:
+    """Two workers (in this process), one rank each, tracing on: small allreduces take the express
+    path (info counts them), each is an ``hfreduce.allreduce`` span with its times, and its record
+    has the exchange as tree 0's phase and the peer's bytes; a large one takes the engine."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import fireflyer.telemetry as ff_telemetry
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(ff_telemetry, "tracer", lambda name: provider.get_tracer(name))
+    socks = [tempfile.mktemp(prefix="hfr", suffix=".sock", dir="/tmp") for _ in range(2)]
+    listeners = [__import__("socket").create_server(("127.0.0.1", 0)) for _ in range(2)]
+    peers = [f"127.0.0.1:{s.getsockname()[1]}" for s in listeners]
+    for s in listeners:
+        s.close()
+    ws = [Worker(node_rank=i, nnodes=2, local_world_size=1, socket_path=socks[i], peers=peers,
+                 settings=WorkerSettings(chunk_size="64k")) for i in range(2)]
+    for w in ws:
+        w.start()
+        w.tracing = True
+    try:
+        comms: list = [None, None]
+        works: list = [None, None]
+
+        def rank(i: int) -> None:
+            comms[i] = init(rank=i, world_size=2, local_rank=0, local_world_size=1, node_rank=i, nnodes=2,
+                            socket=socks[i], job_id="xp", timeout_s=10, op_records=True)
+            for n in (3, 3, 40000):  # two express ops, then one too large for it
+                x = np.full(n, i + 1, np.float32)
+                works[i] = comms[i].allreduce(x, async_op=True)
+                works[i].wait(10)
+                assert np.all(x == 3)
+
+        ts = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+        assert all(c is not None for c in comms)
+        for w in ws:
+            (info,) = w.info()["comms"].values()
+            assert info["express_ops"] == 2, info
+        rec = comms[0].status().recent[1]
+        assert rec.seq == 1 and rec.phase == "done" and rec.stats is not None
+        assert rec.stats.peers[1].bytes_sent == 12 and rec.stats.peers[1].bytes_received == 12
+        assert rec.stats.trees[0].up_s > 0 and rec.tree_s > 0
+        wait_until(lambda: len(exporter.get_finished_spans()) >= 6, timeout_s=5, what="six spans")
+        spans = [s for s in exporter.get_finished_spans() if s.attributes["hfreduce.node"] == 0]
+        assert [s.attributes["hfreduce.seq"] for s in spans] == [0, 1, 2]
+        assert all(s.name == "hfreduce.allreduce" and s.end_time >= s.start_time for s in spans)
+        assert spans[0].attributes["hfreduce.tree_s"] > 0
+        for c in comms:
+            c.close()
+    finally:
+        for w in ws:
+            w.stop()
+    assert list_segments() == []
