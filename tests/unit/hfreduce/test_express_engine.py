@@ -1,0 +1,152 @@
+"""The express path between two in-process engines: results in node order, early frames parked,
+and every way it can go wrong failing both engines with the right error."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import numpy as np
+import pytest
+from engine_util import close_all, make_engines
+
+from fireflyer.hfreduce.errors import CollectiveAborted, CollectiveTimeout, FingerprintMismatch, HFReduceError
+from fireflyer.hfreduce.express import XOP, XOp
+from fireflyer.hfreduce.types import Fingerprint
+from fireflyer.wire.frame import Request
+
+
+def _op(seq: int, x: np.ndarray, done: list[XOp], *, count: int | None = None, redop: str = "sum",
+        divisor: int = 1) -> XOp:
+    fpw: list[object] = ["t/x", seq, redop, str(x.dtype), x.size if count is None else count, "allreduce"]
+    return XOp(seq, fpw, x, [x], narrow=False, redop=redop, divisor=divisor, on_done=done.append)
+
+
+def _wait(cond: object, what: str, timeout_s: float = 5.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():  # type: ignore[operator]
+        assert time.monotonic() < end, what
+        time.sleep(0.002)
+
+
+@pytest.fixture
+def pair():  # type: ignore[no-untyped-def]
+    engines = make_engines(2, timeout_s=5.0)
+    yield engines
+    close_all(engines)
+
+
+def test_both_nodes_get_node_order_bits_whoever_starts_first(pair) -> None:  # type: ignore[no-untyped-def]
+    e0, e1 = pair
+    x0, x1 = e0.express, e1.express
+    assert x0 is not None and x1 is not None and x0.peer == 1 and x1.peer == 0
+    done: list[XOp] = []
+    for seq in range(20):
+        a = np.array([1e8, 1.0, -0.0, np.inf], np.float32) * (seq + 1)
+        b = np.array([1.0, 2.0, 0.0, 1.0], np.float32)
+        want = a + b  # node 0's first
+        ya, yb = a.copy(), b.copy()
+        if seq % 2:
+            x0.start(_op(seq, ya, done))
+            time.sleep(0.002)  # node 1's partial arrives later: node 0's reader finishes it
+            x1.start(_op(seq, yb, done))
+        else:
+            x1.start(_op(seq, yb, done))  # node 1 first: node 0's frame is parked, then used
+            time.sleep(0.002)
+            x0.start(_op(seq, ya, done))
+        _wait(lambda s=seq: sum(op.seq == s for op in done) == 2, f"op {seq} finished on both nodes")
+        assert ya.tobytes() == want.tobytes() and yb.tobytes() == want.tobytes(), seq
+    assert e0.failed is None and e1.failed is None
+    st = next(op for op in done if op.seq == 19).stats(1)
+    assert st.nbytes == 16 and st.peers[1].bytes_sent == 16 and st.trees[0].up_s > 0
+
+
+def test_avg_divides_after_the_sum_on_both_nodes(pair) -> None:  # type: ignore[no-untyped-def]
+    e0, e1 = pair
+    done: list[XOp] = []
+    a, b = np.array([3, -3, 7], np.int64), np.array([4, 4, 0], np.int64)
+    e0.express.start(_op(0, a, done, redop="sum", divisor=2))
+    e1.express.start(_op(0, b, done, redop="sum", divisor=2))
+    _wait(lambda: len(done) == 2, "both done")
+    assert a.tolist() == b.tolist() == [3, 0, 3]  # floor division, as the kernels' avg
+
+
+def test_a_fingerprint_that_differs_fails_both_engines_with_a_mismatch(pair) -> None:  # type: ignore[no-untyped-def]
+    e0, e1 = pair
+    done: list[XOp] = []
+    x = np.ones(4, np.float32)
+    e1.express.start(_op(0, np.ones(5, np.float32), done))
+    _wait(lambda: 0 in e0.express._parked, "node 1's frame parked on node 0")
+    with pytest.raises(FingerprintMismatch) as ei:  # found on the starting thread
+        e0.express.start(_op(0, x, done))
+    assert "5 el" in str(ei.value) and "4 el" in str(ei.value)
+    _wait(lambda: e1.failed is not None, "the peer hears of it")
+    assert isinstance(e0.failed, FingerprintMismatch) and not done
+
+
+def test_a_fingerprint_that_differs_found_by_the_readers_fails_both(pair) -> None:  # type: ignore[no-untyped-def]
+    e0, e1 = pair
+    op0, op1 = _op(3, np.ones(4, np.float32), []), _op(3, np.ones(4, np.float32), [], redop="max")
+    for e, op in ((e0, op0), (e1, op1)):
+        # (found by a reader when the peer's frame comes during our op; by start when it came first)
+        with contextlib.suppress(FingerprintMismatch):
+            e.express.start(op)
+    _wait(lambda: e0.failed is not None and e1.failed is not None, "both engines fail")
+    for e in (e0, e1):
+        with pytest.raises(FingerprintMismatch) as ei:
+            e.express.wait(3, 5.0)
+        assert "sum" in str(ei.value) and "max" in str(ei.value), str(ei.value)
+
+
+def test_a_frame_for_an_op_run_on_the_engine_is_a_mismatch(pair) -> None:  # type: ignore[no-untyped-def]
+    e0, e1 = pair
+    fp = Fingerprint(comm="t/x", seq=0, op="sum", dtype="float32", count=40000)
+    e1.express.start(_op(0, np.ones(3, np.float32), []))  # node 1: an express op #0
+    _wait(lambda: 0 in e0.express._parked, "node 1's frame parked on node 0")
+    with pytest.raises(FingerprintMismatch) as ei:
+        e0.express.engine_op(0, fp)  # node 0 runs #0 on the engine
+    assert "40000 el" in str(ei.value) and "3 el" in str(ei.value)
+    _wait(lambda: e1.failed is not None, "the peer hears of it")
+
+
+def test_a_frame_for_a_finished_op_fails_the_engine(pair) -> None:  # type: ignore[no-untyped-def]
+    e0, e1 = pair
+    done: list[XOp] = []
+    e0.express.start(_op(0, np.ones(2, np.float32), done))
+    e1.express.start(_op(0, np.ones(2, np.float32), done))
+    _wait(lambda: len(done) == 2, "op 0 done")
+    lk = e1.express.link
+    with lk.fs.send_lock:  # node 1 (broken) sends op 0 again
+        lk.fs.send_frame(Request(rid=0, op=XOP, meta={"fp": done[0].fpw}), memoryview(bytes(8)))
+    _wait(lambda: e0.failed is not None, "node 0 fails")
+    assert isinstance(e0.failed, HFReduceError) and "finished" in str(e0.failed)
+    _wait(lambda: isinstance(e1.failed, CollectiveAborted), "node 1 hears of it")
+
+
+def test_a_silent_peer_is_blamed_after_the_deadline(pair) -> None:  # type: ignore[no-untyped-def]
+    e0, e1 = pair
+    op = _op(7, np.ones(2, np.float32), [])
+    e0.express.start(op)
+    assert e0.express.running(7)
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveTimeout) as ei:
+        e0.express.wait(7, 0.3)
+    assert 0.25 <= time.monotonic() - t0 < 2.0
+    assert ei.value.fields["peer"] == 1 and ei.value.fields["phase"] == "exchange"
+    assert "node 1" in str(ei.value)
+    _wait(lambda: e1.failed is not None, "the silent node is told")
+
+
+def test_wait_returns_at_once_for_an_op_that_finished_and_raises_a_failure(pair) -> None:  # type: ignore[no-untyped-def]
+    e0, e1 = pair
+    done: list[XOp] = []
+    e0.express.start(_op(0, np.ones(2, np.float32), done))
+    e1.express.start(_op(0, np.ones(2, np.float32), done))
+    _wait(lambda: len(done) == 2, "op 0 done")
+    e0.express.wait(0, 5.0)  # finished: returns
+    op = _op(1, np.ones(2, np.float32), [])
+    e0.express.start(op)
+    threading.Timer(0.05, lambda: e1.abort("test")).start()
+    with pytest.raises(CollectiveAborted):
+        e0.express.wait(1, 5.0)
