@@ -32,6 +32,23 @@ def _all_raised(res: dict[int, dict], ranks: list[int]) -> None:
         assert res[r]["hfreduce_error"], f"rank {r} raised {res[r]['kind']}: {res[r]['message']}"
 
 
+def _op_while_a_worker_is_stopped(*, nnodes: int, stopped: int) -> dict[int, dict]:
+    """Two ranks in all (``nnodes`` nodes), a 1 s deadline: one op, then a second one submitted while
+    node ``stopped``'s worker is stopped (SIGSTOP, resumed afterwards); the ranks' outcomes."""
+    c = Cluster(nnodes, 2 // nnodes, chunk="1k", timeout_s=1.0).start()
+    try:
+        run = c.ranks("pause", wait=False)
+        run.wait_line("submitting", 2)
+        c.workers[stopped].send_signal(signal.SIGSTOP)
+        (run.out / "go").touch()
+        run.wait(30)
+        res = run.results()
+        c.workers[stopped].send_signal(signal.SIGCONT)
+    finally:
+        c.stop()
+    return res
+
+
 def test_worker_fingerprint_mismatch_raises_everywhere() -> None:
     c = _start()
     try:
@@ -56,18 +73,7 @@ def test_worker_fingerprint_mismatch_raises_everywhere() -> None:
 def test_worker_nodes_reducing_different_dtypes_raise_a_mismatch_everywhere(count: int) -> None:
     """float32 on node 0, bfloat16 on node 1: both carry float32 partials between the nodes, so
     only the dtype in the engine's fingerprint can tell; every rank gets both fingerprints."""
-    c = _start()
-    try:
-        res = c.ranks("dtype_by_node", count=count, timeout_s=30).results()
-    finally:
-        c.stop()
-    _all_raised(res, [0, 1, 2, 3])
-    for r in range(4):
-        assert res[r]["kind"] == "FingerprintMismatch", res[r]
-        msg = res[r]["message"]
-        assert "bfloat16" in msg and "float32" in msg, msg
-        assert res[r]["op_elapsed"] < TIMEOUT_S + SLACK_S, res[r]
-    assert list_segments() == []
+    _mismatch_on_every_rank("dtype_by_node", count, "bfloat16", "float32")
 
 
 @pytest.mark.parametrize("count", [1000, EXPRESS_BYTES // 4])
@@ -76,16 +82,21 @@ def test_worker_nodes_disagreeing_on_a_small_ops_size_raise_a_mismatch_everywher
     (two nodes, small allreduce); at EXPRESS_BYTES / 4 node 0 does and node 1, one element over,
     takes the engine: the frame that arrives for an op the other node runs on the engine is a
     mismatch too, and every rank is told both fingerprints, well before the deadline."""
+    _mismatch_on_every_rank("count_by_node", count, f"{count} el", f"{count + 1} el")
+
+
+def _mismatch_on_every_rank(mode: str, count: int, *shown: str) -> None:
+    """Run ``mode`` with ``count``: every rank raises a FingerprintMismatch naming ``shown``, in time."""
     c = _start()
     try:
-        res = c.ranks("count_by_node", count=count, timeout_s=30).results()
+        res = c.ranks(mode, count=count, timeout_s=30).results()
     finally:
         c.stop()
     _all_raised(res, [0, 1, 2, 3])
     for r in range(4):
         assert res[r]["kind"] == "FingerprintMismatch", res[r]
         msg = res[r]["message"]
-        assert f"{count} el" in msg and f"{count + 1} el" in msg, msg
+        assert all(s in msg for s in shown), msg
         assert res[r]["op_elapsed"] < TIMEOUT_S + SLACK_S, res[r]
     assert list_segments() == []
 
@@ -96,17 +107,7 @@ def test_worker_stopped_peer_worker_is_named_by_the_other_node_within_deadline()
     slack), not later; node 1's rank finds its own worker silent."""
     from fireflyer.hfreduce.client import GRACE_S
 
-    c = Cluster(2, 1, chunk="1k", timeout_s=1.0).start()
-    try:
-        run = c.ranks("pause", wait=False)
-        run.wait_line("submitting", 2)
-        c.workers[1].send_signal(signal.SIGSTOP)
-        (run.out / "go").touch()
-        run.wait(30)
-        res = run.results()
-        c.workers[1].send_signal(signal.SIGCONT)
-    finally:
-        c.stop()
+    res = _op_while_a_worker_is_stopped(nnodes=2, stopped=1)
     _all_raised(res, [0, 1])
     assert res[0]["kind"] == "CollectiveTimeout", res[0]
     assert "node 1" in res[0]["message"] and "exchange" in res[0]["message"], res[0]["message"]
@@ -201,17 +202,7 @@ def test_worker_kill9_worker_every_rank_raises() -> None:
 def test_worker_hung_worker_ranks_raise_after_deadline_and_grace() -> None:
     from fireflyer.hfreduce.client import GRACE_S
 
-    c = Cluster(1, 2, chunk="1k", timeout_s=1.0).start()
-    try:
-        run = c.ranks("pause", wait=False)
-        run.wait_line("submitting", 2)
-        c.workers[0].send_signal(signal.SIGSTOP)
-        (run.out / "go").touch()
-        run.wait(30)
-        res = run.results()
-        c.workers[0].send_signal(signal.SIGCONT)
-    finally:
-        c.stop()
+    res = _op_while_a_worker_is_stopped(nnodes=1, stopped=0)
     _all_raised(res, [0, 1])
     for r in (0, 1):
         assert res[r]["kind"] == "CollectiveTimeout" and "worker of node 0" in res[r]["message"], res[r]

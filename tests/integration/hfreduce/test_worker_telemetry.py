@@ -279,43 +279,60 @@ def test_ops_become_spans_once_tracing_is_set_up(monkeypatch) -> None:
         w.stop()
 
 
-def test_two_workers_links_use_the_configured_congestion_control() -> None:
-    """FF_HFREDUCE_TCP_CONGESTION reaches the engine: an unknown name is skipped, reno (allowed to
-    every process) is used on every link, and the worker's info() says so."""
+def _two_node_workers(settings: WorkerSettings) -> tuple[list[Worker], list[str]]:
+    """Two started workers (nodes 0 and 1, one local rank each) in this process; their sockets."""
     socks = [tempfile.mktemp(prefix="hfr", suffix=".sock", dir="/tmp") for _ in range(2)]
     listeners = [__import__("socket").create_server(("127.0.0.1", 0)) for _ in range(2)]
     peers = [f"127.0.0.1:{s.getsockname()[1]}" for s in listeners]
     for s in listeners:
         s.close()
-    settings = WorkerSettings(tcp_congestion="no_such_cc,reno", chunk_size="4k")
     ws = [Worker(node_rank=i, nnodes=2, local_world_size=1, socket_path=socks[i], peers=peers, settings=settings)
           for i in range(2)]
     for w in ws:
         w.start()
-    try:
-        comms: list = [None, None]
+    return ws, socks
 
-        def rank(i: int) -> None:
-            comms[i] = init(rank=i, world_size=2, local_rank=0, local_world_size=1, node_rank=i, nnodes=2,
-                            socket=socks[i], job_id="cc", timeout_s=10)
-            x = np.full(100000, i + 1, np.float32)
-            comms[i].allreduce(x)
+
+def _stop(ws: list[Worker]) -> None:
+    for w in ws:
+        w.stop()
+
+
+def _two_ranks(socks: list[str], job: str, sizes: tuple[int, ...], **init_kw: object) -> list:
+    """One rank per node (threads here), each allreducing ``i + 1`` over each size in turn; the
+    communicators, which the caller closes."""
+    comms: list = [None, None]
+
+    def rank(i: int) -> None:
+        comms[i] = init(rank=i, world_size=2, local_rank=0, local_world_size=1, node_rank=i, nnodes=2,
+                        socket=socks[i], job_id=job, timeout_s=10, **init_kw)
+        for n in sizes:
+            x = np.full(n, i + 1, np.float32)
+            comms[i].allreduce(x, async_op=True).wait(10)
             assert np.all(x == 3)
 
-        ts = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(30)
-        assert all(c is not None for c in comms)
+    ts = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert all(c is not None for c in comms)
+    return comms
+
+
+def test_two_workers_links_use_the_configured_congestion_control() -> None:
+    """FF_HFREDUCE_TCP_CONGESTION reaches the engine: an unknown name is skipped, reno (allowed to
+    every process) is used on every link, and the worker's info() says so."""
+    ws, socks = _two_node_workers(WorkerSettings(tcp_congestion="no_such_cc,reno", chunk_size="4k"))
+    try:
+        comms = _two_ranks(socks, "cc", (100000,))
         for w in ws:
             (info,) = w.info()["comms"].values()
             assert info["congestion"] == ["reno"], info
         for c in comms:
             c.close()
     finally:
-        for w in ws:
-            w.stop()
+        _stop(ws)
     assert list_segments() == []
 
 
@@ -333,35 +350,11 @@ def test_two_node_small_allreduces_go_express_with_records_and_spans(monkeypatch
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     monkeypatch.setattr(ff_telemetry, "tracer", lambda name: provider.get_tracer(name))
-    socks = [tempfile.mktemp(prefix="hfr", suffix=".sock", dir="/tmp") for _ in range(2)]
-    listeners = [__import__("socket").create_server(("127.0.0.1", 0)) for _ in range(2)]
-    peers = [f"127.0.0.1:{s.getsockname()[1]}" for s in listeners]
-    for s in listeners:
-        s.close()
-    ws = [Worker(node_rank=i, nnodes=2, local_world_size=1, socket_path=socks[i], peers=peers,
-                 settings=WorkerSettings(chunk_size="64k")) for i in range(2)]
+    ws, socks = _two_node_workers(WorkerSettings(chunk_size="64k"))
     for w in ws:
-        w.start()
         w.tracing = True
     try:
-        comms: list = [None, None]
-        works: list = [None, None]
-
-        def rank(i: int) -> None:
-            comms[i] = init(rank=i, world_size=2, local_rank=0, local_world_size=1, node_rank=i, nnodes=2,
-                            socket=socks[i], job_id="xp", timeout_s=10, op_records=True)
-            for n in (3, 3, 40000):  # two express ops, then one too large for it
-                x = np.full(n, i + 1, np.float32)
-                works[i] = comms[i].allreduce(x, async_op=True)
-                works[i].wait(10)
-                assert np.all(x == 3)
-
-        ts = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(30)
-        assert all(c is not None for c in comms)
+        comms = _two_ranks(socks, "xp", (3, 3, 40000), op_records=True)  # two express ops, one too large
         for w in ws:
             (info,) = w.info()["comms"].values()
             assert info["express_ops"] == 2, info
@@ -377,6 +370,5 @@ def test_two_node_small_allreduces_go_express_with_records_and_spans(monkeypatch
         for c in comms:
             c.close()
     finally:
-        for w in ws:
-            w.stop()
+        _stop(ws)
     assert list_segments() == []

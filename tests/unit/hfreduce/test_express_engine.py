@@ -30,6 +30,15 @@ def _wait(cond: object, what: str, timeout_s: float = 5.0) -> None:
         time.sleep(0.002)
 
 
+def _one_op_on_both(e0: object, e1: object) -> list[XOp]:
+    """Express op #0 (two ones) on both engines, waited for; the finished ops."""
+    done: list[XOp] = []
+    for e in (e0, e1):
+        e.express.start(_op(0, np.ones(2, np.float32), done))  # type: ignore[attr-defined]
+    _wait(lambda: len(done) == 2, "op 0 done")
+    return done
+
+
 @pytest.fixture
 def pair():  # type: ignore[no-untyped-def]
     engines = make_engines(2, timeout_s=5.0)
@@ -112,10 +121,7 @@ def test_a_frame_for_an_op_run_on_the_engine_is_a_mismatch(pair) -> None:  # typ
 
 def test_a_frame_for_a_finished_op_fails_the_engine(pair) -> None:  # type: ignore[no-untyped-def]
     e0, e1 = pair
-    done: list[XOp] = []
-    e0.express.start(_op(0, np.ones(2, np.float32), done))
-    e1.express.start(_op(0, np.ones(2, np.float32), done))
-    _wait(lambda: len(done) == 2, "op 0 done")
+    done = _one_op_on_both(e0, e1)
     lk = e1.express.link
     with lk.fs.send_lock:  # node 1 (broken) sends op 0 again
         lk.fs.send_frame(Request(rid=0, op=XOP, meta={"fp": done[0].fpw}), memoryview(bytes(8)))
@@ -140,10 +146,7 @@ def test_a_silent_peer_is_blamed_after_the_deadline(pair) -> None:  # type: igno
 
 def test_wait_returns_at_once_for_an_op_that_finished_and_raises_a_failure(pair) -> None:  # type: ignore[no-untyped-def]
     e0, e1 = pair
-    done: list[XOp] = []
-    e0.express.start(_op(0, np.ones(2, np.float32), done))
-    e1.express.start(_op(0, np.ones(2, np.float32), done))
-    _wait(lambda: len(done) == 2, "op 0 done")
+    _one_op_on_both(e0, e1)
     e0.express.wait(0, 5.0)  # finished: returns
     op = _op(1, np.ones(2, np.float32), [])
     e0.express.start(op)
