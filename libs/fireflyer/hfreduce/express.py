@@ -155,6 +155,13 @@ class Express:
 
     def on_frame(self, lk: Link, hdr: Request, plen: int) -> None:
         """The peer's partial (on the link's reader): finish the op, or park it until it starts."""
+        if plen > EXPRESS_BYTES:  # no express op is that large: do not allocate what a bad peer says
+            lk.fs.discard(plen)
+            try:
+                self._fail(HFReduceError(f"{self.engine.who(self.peer)} sent an express frame of {plen} bytes "
+                                         f"(at most {EXPRESS_BYTES})", node=self.engine.node, peer=self.peer))
+            except HFReduceError:
+                return
         buf = np.empty(plen, np.uint8)
         t = _perf()
         lk.fs.recv_into(memoryview(buf))  # (errors: the reader's, a lost link)

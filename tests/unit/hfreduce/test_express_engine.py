@@ -12,7 +12,7 @@ import pytest
 from engine_util import close_all, make_engines
 
 from fireflyer.hfreduce.errors import CollectiveAborted, CollectiveTimeout, FingerprintMismatch, HFReduceError
-from fireflyer.hfreduce.express import XOP, XOp
+from fireflyer.hfreduce.express import EXPRESS_BYTES, XOP, XOp
 from fireflyer.hfreduce.types import Fingerprint
 from fireflyer.wire.frame import Request
 
@@ -153,3 +153,13 @@ def test_wait_returns_at_once_for_an_op_that_finished_and_raises_a_failure(pair)
     threading.Timer(0.05, lambda: e1.abort("test")).start()
     with pytest.raises(CollectiveAborted):
         e0.express.wait(1, 5.0)
+
+
+def test_an_oversized_frame_fails_the_engine_without_taking_its_size_on_trust(pair) -> None:  # type: ignore[no-untyped-def]
+    e0, e1 = pair
+    lk = e1.express.link
+    with lk.fs.send_lock:
+        lk.fs.send_frame(Request(rid=0, op=XOP, meta={"fp": []}), memoryview(bytes(EXPRESS_BYTES + 4)))
+    _wait(lambda: e0.failed is not None, "node 0 fails")
+    assert "express frame of" in str(e0.failed)
+    _wait(lambda: e1.failed is not None, "node 1 hears of it")
