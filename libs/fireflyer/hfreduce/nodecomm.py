@@ -18,6 +18,10 @@ failed (``NodeEngine.on_failure`` wakes the op thread), gets ``engine.wait`` on 
 thread, which enforces the deadline and turns a failure into a failed generation.  This
 saves every small op the wake-up of the thread that started it.
 
+With two nodes, small allreduces skip the engine's op machinery altogether: they take the
+*express* path (:mod:`.express`, decided from the op alone so both nodes agree), posted the
+same way, with ``Express.wait`` in place of ``engine.wait`` for a slow one.
+
 One ``NodeEngine`` per generation: an aborted engine is dead by contract, so a new
 generation builds a new one on the same listen address once the old one has closed
 (``Worker.engine_slot``).  Hence one multi-node communicator per worker at a time.
