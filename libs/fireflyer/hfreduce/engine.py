@@ -89,7 +89,7 @@ from fireflyer.hfreduce.errors import (
     HFReduceError,
     PeerLost,
 )
-from fireflyer.hfreduce.express import Express
+from fireflyer.hfreduce.express import EXPRESS_BYTES, Express
 from fireflyer.hfreduce.trees import TreeNode, double_binary_tree, zone_aware_double_tree
 from fireflyer.hfreduce.types import Fingerprint, OpStats
 from fireflyer.wire.conn import FramedSocket, congestion_of
@@ -145,7 +145,8 @@ class NodeEngine(Pipeline, Streaming):
         #: two nodes: a small op is one exchange (each node sends its partial to the other and
         #: both reduce them in the same order), one hop instead of up then down
         self.exchange = n == 2
-        self._layout_key = (f"{chunk_bytes}-{self.inline_bytes}{'-x' if self.exchange else ''}"
+        # (the express path's limit too: two nodes that would choose differently refuse to connect)
+        self._layout_key = (f"{chunk_bytes}-{self.inline_bytes}{f'-x-e{EXPRESS_BYTES}' if self.exchange else ''}"
                             f"{f'-s{block_bytes}' if streaming else ''}")
         self._ring = ring
         self._sock_buf = sock_buf_bytes
