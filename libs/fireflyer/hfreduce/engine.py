@@ -28,6 +28,9 @@ number, starting at 0 and the same on all nodes; ``meta`` as listed)::
     hfr.down   parent -> child   {"c": chunk, "fp": fingerprint on chunk 0}  payload: final chunk
     hfr.wait   any direction     {}   "I have started op rid" (sent only once an op is slow)
     hfr.abort  any direction     {"origin", "reason", "culprit", "error"}   flooded once
+    hfr.xchg   root -> child     two nodes, a small op that is not an express one: the root's partial
+    hfr.x      either way        two nodes, an express allreduce (:mod:`.express`; ``rid`` is the
+                                 communicator's op number, not ours)
 
 A streamed op's payloads are its blocks, each followed by an 8-byte marker (``_blocks``).
 
