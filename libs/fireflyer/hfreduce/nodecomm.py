@@ -557,8 +557,9 @@ class NodeComm:
                 return  # failed meanwhile: the ranks have the error
             self.submits.pop(seq, None)
         if rec is not None:
+            assert self.express is not None
             rec.local_reduce_s, rec.tree_s = op.local_s, time.monotonic() - op.t0
-            rec.stats = op.stats(self.express.peer if self.express is not None else -1)
+            rec.stats = op.stats(self.express.peer)
         if self.worker.tracing:
             self.worker.span_after(self, ordered[0], seq, op.started_at, rec)
         self._tell_ranks(seq, ordered)
