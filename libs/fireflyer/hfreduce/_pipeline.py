@@ -234,15 +234,20 @@ class Pipeline:
     def _check_frame(self: NodeEngine, st: OpState, lk: Link, rid: int, c: int, fp: object, want_c: int,
                      plen: int, want_len: int) -> None:
         if want_c == 0 and fp != st.wire_fp or rid != st.k:
-            raise FingerprintMismatch(
-                f"collective mismatch on {self.who(self.node)}: we run {st.fp} but {self.who(lk.peer)} "
-                f"runs {fp_from_wire(fp)} (every node must issue the same collectives in the same order)",
-                node=self.node, peer=lk.peer, ours=str(st.fp), theirs=fp_from_wire(fp))
+            raise self.peer_mismatch(lk.peer, str(st.fp), fp)
         if c != want_c or plen != want_len:
             raise HFReduceError(
                 f"{st.fp} on {self.who(self.node)}: {self.who(lk.peer)} sent chunk {c} of {plen} bytes in "
                 f"tree {lk.tree}, expected chunk {want_c} of {want_len} bytes (same chunk_bytes everywhere?)",
                 node=self.node, peer=lk.peer, tree=lk.tree, chunk=want_c)
+
+    def peer_mismatch(self: NodeEngine, peer: int, ours: str, theirs: object) -> FingerprintMismatch:
+        """We run ``ours`` (shown) but ``peer``'s frame carries fingerprint ``theirs`` (as it travels)."""
+        shown = fp_from_wire(theirs)
+        return FingerprintMismatch(
+            f"collective mismatch on {self.who(self.node)}: we run {ours} but {self.who(peer)} runs {shown} "
+            f"(every node must issue the same collectives in the same order)",
+            node=self.node, peer=peer, ours=ours, theirs=shown)
 
     def _finalize(self: NodeEngine, st: OpState, t: int, c: int, a: int, b: int, extra: int = 0) -> None:
         """Chunk ``c`` of tree ``t`` is final here (``extra``: and that many down sends of it are done)."""
@@ -527,10 +532,7 @@ class Pipeline:
             raise ProtocolError(f"{lk.name()} sent a final chunk of op {hdr.rid} which we are not running",
                                 reason="bad_frame")
         if c == 0 and hdr.meta.get("fp") != st.wire_fp:
-            theirs = fp_from_wire(hdr.meta.get("fp"))
-            raise FingerprintMismatch(
-                f"collective mismatch on {self.who(self.node)}: we run {st.fp} but {self.who(lk.peer)} "
-                f"runs {theirs}", node=self.node, peer=lk.peer, ours=str(st.fp), theirs=theirs)
+            raise self.peer_mismatch(lk.peer, str(st.fp), hdr.meta.get("fp"))
         lay = st.layouts[t]
         a, b = lay.chunk(st.final[t])
         if c != st.final[t] or plen != st.frame_bytes(a, b):

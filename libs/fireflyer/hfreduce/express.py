@@ -41,8 +41,8 @@ import numpy as np
 from fireflyer.wire.frame import Request
 
 from . import kernels
-from ._op import divide_inplace, fp_from_wire
-from .errors import CollectiveTimeout, FingerprintMismatch, HFReduceError
+from ._op import divide_inplace
+from .errors import CollectiveTimeout, HFReduceError
 from .types import Fingerprint, OpStats, PeerStats, TreeStats
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ class Express:
     def _park(self, seq: int, fpw: object, buf: np.ndarray, took: float) -> None:
         """Under the lock: keep the frame of an op this node has not started (the peer is ahead)."""
         if seq == self._engine_seq:
-            self._fail(self._mismatch(self._engine_fp, fpw))
+            self._fail(self.engine.peer_mismatch(self.peer, self._engine_fp, fpw))
         if seq <= self._done_seq or seq in self._parked or len(self._parked) >= _MAX_PARKED:
             self._fail(HFReduceError(
                 f"{self.engine.who(self.peer)} sent an express frame for op #{seq}, which "
@@ -192,7 +192,7 @@ class Express:
     def _finish(self, op: XOp, fpw: object, buf: np.ndarray, took: float) -> None:
         """Both partials are here: reduce them in node order, write every view, report."""
         if fpw != op.fpw or buf.nbytes != op.ours.nbytes:
-            self._fail(self._mismatch(str(op.fingerprint()), fpw))
+            self._fail(self.engine.peer_mismatch(self.peer, str(op.fingerprint()), fpw))
         op.recv_s = took
         ours = op.ours
         theirs = buf.view(ours.dtype)
@@ -226,7 +226,7 @@ class Express:
             self._engine_seq, self._engine_fp = seq, str(fp)
             got = self._parked.pop(seq, None)
         if got is not None:
-            self._fail(self._mismatch(str(fp), got[0]))
+            self._fail(self.engine.peer_mismatch(self.peer, str(fp), got[0]))
 
     def running(self, seq: int) -> bool:
         """Is op ``seq`` started here and not finished?"""
@@ -255,14 +255,6 @@ class Express:
         raise self.engine._reraise(op.fingerprint())
 
     # -- failure --------------------------------------------------------------------------------
-
-    def _mismatch(self, ours: str, theirs: object) -> FingerprintMismatch:
-        """We run ``ours`` (shown), the peer's frame says ``theirs`` (as it travels)."""
-        shown = fp_from_wire(theirs)
-        return FingerprintMismatch(
-            f"collective mismatch on {self.engine.who(self.engine.node)}: we run {ours} but "
-            f"{self.engine.who(self.peer)} runs {shown} (every node must issue the same collectives in the same "
-            f"order)", node=self.engine.node, peer=self.peer, ours=ours, theirs=shown)
 
     def _fail(self, err: HFReduceError) -> None:
         """Fail the engine with ``err`` (the peers hear it through its abort flood), then raise it."""
