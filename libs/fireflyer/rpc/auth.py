@@ -130,9 +130,17 @@ class TokenStore:
         return len(self._by_digest)
 
 
+TOKEN_PREFIX = "fft_"
+
+
 def generate_token() -> str:
-    """A new random bearer token (256 bits, URL-safe)."""
-    return secrets.token_urlsafe(32)
+    """A new random bearer token: ``fft_`` and 256 random bits, URL-safe.
+
+    The prefix is there because a bare URL-safe token starts with ``-`` one time
+    in 64, and ``ff admin --token -Xy...`` then reads the token as an option (a
+    CI run failed that way); it also makes a leaked token easy to grep for.
+    """
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
 def write_tokens_file(path: str | os.PathLike[str], entries: Iterable[TokenEntry | Mapping[str, Any]]) -> Path:

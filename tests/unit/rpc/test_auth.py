@@ -32,6 +32,18 @@ USER_TOKEN = "user-token-for-tests"
 # ------------------------------------------------------------------ pure parts
 
 
+def test_generated_tokens_are_never_read_as_options_on_a_command_line() -> None:
+    """A bare URL-safe token starts with '-' one time in 64; `ff admin --token T` then fails."""
+    from fireflyer.cli.main import build_parser
+
+    tokens = {generate_token() for _ in range(2000)}
+    assert len(tokens) == 2000
+    assert not [t for t in tokens if t.startswith("-")]
+    for tok in list(tokens)[:50]:
+        ns = build_parser().parse_args(["admin", "--token", tok, "chains"])
+        assert ns.token == tok
+
+
 def test_admin_implies_user() -> None:
     admin = Principal("root", frozenset({"admin"}))
     user = Principal("alice", frozenset({"user"}))
