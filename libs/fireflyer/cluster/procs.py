@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,6 +26,7 @@ __all__ = [
     "stop_processes",
     "read_tail",
     "free_ports",
+    "ephemeral_port_range",
     "tcp_reachable",
 ]
 
@@ -137,18 +139,58 @@ def read_tail(path: str | Path | None, n: int = 20, *, max_bytes: int = 64 * 102
     return tail_lines(data.decode("utf-8", errors="replace"), n)
 
 
+#: lowest port :func:`free_ports` hands out below the ephemeral range: under it sit the
+#: registered ports of services a machine commonly runs (PostgreSQL, NATS, Redis, ...)
+PORT_FLOOR = 20000
+_PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux default 32768-60999)."""
+    try:
+        lo, hi = (int(x) for x in Path(_PORT_RANGE_FILE).read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports free right now (held open together, so no duplicates among them).
+    """``n`` distinct ports free right now on ``host`` (``0.0.0.0``: on every address).
 
     The service binds it a moment later; another process could take it in
     between, which then shows up as a start-up failure with the bind error in the log.
+    So the ports come from *below* the kernel's ephemeral range, where there is room:
+    a port the kernel picks itself (``bind(0)``) comes from that range, and every
+    outgoing connection of every process draws its local port from it too, so a
+    launcher that opens many connections (an allreduce benchmark's ranks, say) would
+    sooner or later hand one of them the port it had just picked for Gloo's store
+    (a benchmark run failed that way: ``EADDRINUSE`` on ``MASTER_PORT``).  Ports
+    below the range are only ever taken by an explicit bind.  Random candidates,
+    so that concurrent callers rarely try the same one.
     """
+    lo, _ = ephemeral_port_range()
     socks: list[socket.socket] = []
+
+    def take(port: int) -> None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind((host, port))
+        except OSError:
+            s.close()
+            if port == 0:
+                raise
+            return
+        socks.append(s)
+
     try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
+        room = lo - PORT_FLOOR
+        if room >= 64 * n:
+            for port in random.sample(range(PORT_FLOOR, lo), min(room, 32 * n)):
+                if len(socks) == n:
+                    break
+                take(port)
+        while len(socks) < n:  # no room below the range (or all tried were busy): the kernel's pick
+            take(0)
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:

@@ -57,7 +57,6 @@ from .launch_plan import (
     LaunchPlan,
     coord_note,
     make_plan,
-    node_address,
     with_node_ranks,
 )
 
@@ -217,8 +216,9 @@ class Launcher:
         return Path(tempfile.mkdtemp(prefix="ff-launch-", dir="/tmp" if os.path.isdir("/tmp") else None)), True
 
     def _plan(self, run_dir: Path) -> LaunchPlan:
-        ports = [free_ports(1, node_address(i))[0] for i in range(self.opts.nodes)]
-        master_port = free_ports(1)[0]
+        # one call on the wildcard address: distinct ports, each free on every address, so torch's
+        # store (which listens on all of them) cannot collide with a worker's listener
+        *ports, master_port = free_ports(self.opts.nodes + 1, "0.0.0.0")
         job_id = f"launch-{secrets.token_hex(4)}"
         coord = self.env.get("FF_COORD_ADDR") if self.start_workers else None
         return make_plan(self.opts, run_dir=run_dir, ports=ports, master_port=master_port, job_id=job_id,

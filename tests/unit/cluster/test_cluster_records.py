@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fireflyer.cluster import procs
 from fireflyer.cluster.decisions import StopOutcome, StopTarget
 from fireflyer.cluster.procs import alive, free_ports, observe, read_tail, spawn, stop_processes
 from fireflyer.cluster.records import (
@@ -128,3 +130,41 @@ def test_spawn_keeps_previous_log(tmp_path: Path) -> None:
 def test_free_ports_distinct() -> None:
     ports = free_ports(5)
     assert len(set(ports)) == 5 and all(p > 0 for p in ports)
+
+
+def test_free_ports_come_from_below_the_ephemeral_range() -> None:
+    """Outgoing connections take their local ports from the ephemeral range; a port picked there
+    for a server that binds it a moment later can be handed to one of them meanwhile."""
+    lo, _ = procs.ephemeral_port_range()
+    if lo - procs.PORT_FLOOR < 64 * 8:
+        pytest.fail(f"this machine's ephemeral range starts at {lo}: no room below it to test")
+    for host in ("127.0.0.1", "0.0.0.0"):
+        ports = free_ports(8, host)
+        assert len(set(ports)) == 8 and all(procs.PORT_FLOOR <= p < lo for p in ports), ports
+
+
+def test_free_ports_skip_a_busy_port_and_fall_back_to_the_kernels_pick(monkeypatch) -> None:
+    busy = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    try:
+        # the only candidate below the range is busy, and there is room for no more: the kernel picks
+        monkeypatch.setattr(procs, "PORT_FLOOR", port)
+        monkeypatch.setattr(procs, "ephemeral_port_range", lambda: (port + 64, 60999))
+        monkeypatch.setattr(procs.random, "sample", lambda pop, k: [port])
+        got = free_ports(1)
+        assert got != [port] and got[0] > 0
+        # no room below the range at all
+        monkeypatch.setattr(procs, "ephemeral_port_range", lambda: (port + 1, 60999))
+        assert free_ports(2)[0] != port
+    finally:
+        busy.close()
+
+
+def test_ephemeral_port_range_defaults_without_proc(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(procs, "_PORT_RANGE_FILE", str(tmp_path / "missing"))
+    assert procs.ephemeral_port_range() == (32768, 60999)
+    (tmp_path / "r").write_text("40000\t50000\n")
+    monkeypatch.setattr(procs, "_PORT_RANGE_FILE", str(tmp_path / "r"))
+    assert procs.ephemeral_port_range() == (40000, 50000)
