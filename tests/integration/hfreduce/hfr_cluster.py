@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,18 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fireflyer.cluster.procs import free_ports
 from fireflyer.testing.poll import wait_until
 
 HERE = Path(__file__).resolve().parent
 LIBS = HERE.parents[2] / "libs"
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.create_server(("127.0.0.1", 0)) for _ in range(n)]
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
