@@ -25,6 +25,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from fireflyer.cluster.procs import free_ports
+
 __all__ = ["bench_engine", "loopback_capacity"]
 
 _CTX = mp.get_context("spawn")
@@ -140,8 +142,7 @@ def _gloo_node(rank: int, n: int, size_bytes: int, repeats: int, warmup: int, po
 
 def gloo_reference(n: int, size_bytes: int, repeats: int, warmup: int = 2) -> dict[str, Any]:
     """The same allreduce (float32 sum) with torch.distributed's Gloo backend, one process per node."""
-    with socket.create_server(("127.0.0.1", 0)) as s:
-        port = s.getsockname()[1]
+    port = free_ports(1)[0]  # outside the ephemeral range: the nodes' own connections cannot take it
     out = _CTX.Queue()
     procs = [_CTX.Process(target=_gloo_node, args=(r, n, size_bytes, repeats, warmup, port, out))
              for r in range(n)]

@@ -409,9 +409,9 @@ def _coord_join(address: str, ns: argparse.Namespace, settings: WorkerSettings) 
 
     listen = ns.listen
     if not listen:
-        probe = socket.create_server(("127.0.0.1", 0))
-        listen = f"127.0.0.1:{probe.getsockname()[1]}"
-        probe.close()
+        from fireflyer.cluster.procs import free_ports
+
+        listen = f"127.0.0.1:{free_ports(1)[0]}"  # outside the ephemeral range (see free_ports)
     restart = ns.restart_count if ns.restart_count is not None else int(os.environ.get("FF_RESTART_COUNT") or 0)
     spec = JoinSpec(job=settings.job_id or "job", name=ns.coord_comm,
                     node=ns.node_name or os.environ.get("FF_NODE_NAME") or socket.gethostname(), zone=ns.zone,
