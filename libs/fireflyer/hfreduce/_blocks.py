@@ -13,7 +13,8 @@ are still cached.
 
 Measured on the 2-core CI VM with a prototype of these loops (2026-11-25, 2 nodes x
 4 ranks and 4 nodes x 1 rank, 64 MiB fp32, interleaved runs): 256 KiB blocks took
-67-82 ms and 97-120 ms per op, 4 MiB blocks 96-108 ms and 120-167 ms.
+67-82 ms and 97-120 ms per op, 4 MiB blocks 96-108 ms and 120-167 ms (the default is now
+512 KiB: see :data:`BLOCK_BYTES`).
 
 **One call per half.**  A streamed op sends each tree's half as one frame; one loop
 call moves all of it, with the GIL released and no Python per block (a Python step
@@ -68,8 +69,12 @@ __all__ = ["BLOCK_BYTES", "MARKER_BYTES", "OK", "FAILED", "ABORTED", "PEER_ABORT
            "T_SEND", "T_COPY", "new_io", "up_chunk", "down_chunk", "framed_bytes"]
 
 #: bytes per block of a streamed chunk: the inputs of one block (a child's block, the output
-#: block) stay in a 512 KiB L2 while the local ranks' buffers stream past
-BLOCK_BYTES = 256 << 10
+#: block) stay in the core's L2 (1-2 MiB on the VMs measured) while the local ranks' buffers
+#: stream past.  512 KiB rather than 256: half the socket calls and wakeups per byte.  On the
+#: twelfth VM (2026-11-26, 1 MiB L2) 4 nodes x 1 rank at 64 MiB took 56.5-62.2 ms per op against
+#: 60.4-67.9 ms with 256 KiB (four interleaved 100-op launches each), 2 x 4 about 4% less, 2 x 1
+#: the same; the ninth and eleventh VMs showed no difference, the tenth ~6% less on 2 x 4 with 1 MiB
+BLOCK_BYTES = 512 << 10
 
 #: loop outcomes: done; a socket call failed (``io`` names it); our engine failed (the outgoing
 #: frames were ended with an aborted block); a peer ended its frame with an aborted block (its

@@ -42,8 +42,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     #: bytes per pipeline chunk (local reduce, tree transfer, write-back); "4M" style
     chunk_size: str = "4M"
     #: bytes per block of a streamed op's loops (receive, reduce, send, copy out while the
-    #: block is in the cache: ``_blocks``); about half the L2 of a core
-    block_size: str = "256K"
+    #: block is in the cache: ``_blocks.BLOCK_BYTES`` says why 512K); every node must use the same
+    block_size: str = "512K"
     #: stream large float32/int ops through the engine's block loops (false: the threaded
     #: fill / fuse / write-back path, kept for comparisons)
     stream: bool = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fireflyer.core.errors import SettingsError
+from fireflyer.hfreduce._blocks import BLOCK_BYTES
 from fireflyer.hfreduce.settings import load_worker_settings, parse_size
 
 
@@ -37,7 +38,8 @@ def test_worker_settings_bad_values_name_the_key() -> None:
 
 def test_worker_block_size_and_stream_switch() -> None:
     s = load_worker_settings(env={})
-    assert s.block_bytes == 256 << 10 and s.stream is True
+    # the worker's default is the engine's (a node started either way frames blocks alike)
+    assert s.block_bytes == BLOCK_BYTES == 512 << 10 and s.stream is True
     s = load_worker_settings(env={"FF_HFREDUCE_BLOCK_SIZE": "128K", "FF_HFREDUCE_STREAM": "false"})
     assert s.block_bytes == 128 << 10 and s.stream is False
     with pytest.raises(SettingsError, match="block_size"):
