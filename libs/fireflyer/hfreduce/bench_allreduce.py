@@ -35,7 +35,8 @@ Per run, for every size:
   the floor) is the highest ratio to Gloo that any implementation moving those
   bytes could have reached in this run: a goal above it is out of this machine's reach.
 
-Time per op is the max over ranks of each rank's mean.  ``algbw = S/t`` and
+``--runs N`` runs all of it N times back to back and reports each figure's median and range
+(:mod:`.bench_runs`).  Time per op is the max over ranks of each rank's mean.  ``algbw = S/t`` and
 ``busbw = algbw * 2(n-1)/n`` with n the total ranks (nccl-tests' definitions);
 GB/s are 1e9 bytes per second.  The machine is shared and noisy: quote the
 ratios, which are measured in the same run, rather than absolute figures.
@@ -60,6 +61,7 @@ from fireflyer.core.errors import FireFlyerError, Internal
 from fireflyer.wire.conn import congestion_of, set_congestion
 
 from .bench_floor import Floor, loopback_pair, measure_floor
+from .bench_runs import fmt_size, spread_lines, summarize_runs
 from .launch import Launcher, print_line
 from .launch_plan import LaunchOptions, node_cpus, parse_size
 from .settings import load_worker_settings
@@ -297,13 +299,6 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
     }
 
 
-def _fmt_size(n: int) -> str:
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift}{unit}"
-    return str(n)
-
-
 def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the printed table (also the README's)."""
     def f(x: float | None, fmt: str) -> str:
@@ -324,7 +319,7 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             "% of bound", "floor", "% of floor", "gloo / floor"]
     rows = []
     for e in result["results"]:
-        rows.append([_fmt_size(e["size_bytes"]), t(e["time_s"]), f(e["algbw_GBps"], ".3f"), f(e["busbw_GBps"], ".3f"),
+        rows.append([fmt_size(e["size_bytes"]), t(e["time_s"]), f(e["algbw_GBps"], ".3f"), f(e["busbw_GBps"], ".3f"),
                      t(e["gloo_time_s"]), f(e["gloo_algbw_GBps"], ".3f"), times(e["ratio"]),
                      f(e["bound_GBps"], ".3f"), pct(e["fraction_of_bound"]),
                      t(e.get("floor_time_s")), pct(e.get("fraction_of_floor")), times(e.get("gloo_over_floor"))])
@@ -343,7 +338,8 @@ def markdown_table(result: dict[str, Any]) -> str:
     lines = [f"{result['nodes']} nodes x {result['local_ranks']} local ranks ({result['world_size']} ranks), "
              f"{result['dtype']}, {result['cpu_count']} CPUs, cpu-bind {result.get('cpu_bind', 'none')}, "
              f"torch {result['torch_version']}, {_cc_caption(result.get('tcp_congestion'))}"
-             f"git {str(result['git_sha'])[:10]}", "",
+             f"git {str(result['git_sha'])[:10]}"
+             + (f", medians of {result['runs']} runs" if result.get("runs", 1) > 1 else ""), "",
              "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
@@ -388,12 +384,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-bind", choices=["node", "none"], default="node",
                    help="placement of both sides' ranks (and our workers), as ff launch --cpu-bind (default node)")
     p.add_argument("--markdown", action="store_true", help="print the table as GitHub markdown (for the README)")
+    p.add_argument("--runs", type=int, default=1,
+                   help="run the whole benchmark this many times back to back and report each figure's median "
+                        "and range (default 1; the JSON keeps every run under per_run)")
     ns = p.parse_args(argv)
+    if ns.runs < 1:
+        p.error(f"--runs must be at least 1, got {ns.runs}")
     try:
         sizes = [parse_size(s) for s in ns.sizes.split(",")]
-        result = run_bench(nodes=ns.nodes, local_ranks=ns.local_ranks, sizes=sizes, dtype=ns.dtype, vs=ns.vs,
-                           target_s=ns.target_s, chunk_size=ns.chunk_size, timeout_s=ns.timeout_s,
-                           bound=not ns.no_bound, cpu_bind=ns.cpu_bind, floor=not ns.no_floor)
+        docs = []
+        for i in range(ns.runs):
+            if ns.runs > 1:
+                print(f"ff bench allreduce: run {i + 1} of {ns.runs}", file=sys.stderr, flush=True)
+            docs.append(run_bench(nodes=ns.nodes, local_ranks=ns.local_ranks, sizes=sizes, dtype=ns.dtype,
+                                  vs=ns.vs, target_s=ns.target_s, chunk_size=ns.chunk_size,
+                                  timeout_s=ns.timeout_s, bound=not ns.no_bound, cpu_bind=ns.cpu_bind,
+                                  floor=not ns.no_floor))
+        result = docs[0] if ns.runs == 1 else summarize_runs(docs)
     except FireFlyerError as e:
         print(f"ff bench allreduce: {e}", file=sys.stderr)
         return 1
@@ -404,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown_table(result))
     else:
         _print_table(result)
+    if ns.runs > 1:
+        print("\n".join(spread_lines(result)))
     if ns.json:
         Path(ns.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -63,3 +63,24 @@ def test_one_node_two_ranks_bf16_json_on_stdout(capsys: pytest.CaptureFixture[st
 
 def test_loopback_anchor_is_positive() -> None:
     assert loopback_capacity(2, 1 << 20, target_bytes=64e6, repeats=2) > 0
+
+
+def test_runs_report_medians_and_keep_every_run(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["--nodes", "1", "--local-ranks", "2", "--sizes", "4K", "--target-s", "0.02", "--runs", "2",
+               "--json", "-"])
+    assert rc == 0
+    cap = capsys.readouterr()
+    assert "run 1 of 2" in cap.err and "run 2 of 2" in cap.err  # progress on stderr, the JSON alone on stdout
+    doc = json.loads(cap.out)
+    assert doc["runs"] == 2 and len(doc["per_run"]) == 2
+    (e,) = doc["results"]
+    assert REQUIRED <= e.keys()
+    times = [r[0]["time_s"] for r in doc["per_run"]]
+    assert e["time_s"] == pytest.approx(sum(times) / 2)  # the median of two
+    assert e["range"]["time_s"] == [min(times), max(times)]
+
+
+def test_runs_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--runs", "0"])
+    assert exc.value.code == 2 and "--runs must be at least 1" in capsys.readouterr().err
