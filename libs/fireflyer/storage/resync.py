@@ -15,15 +15,24 @@ row   condition (first match wins)                                  decision  so
 4     local chain version > remote chain version                    send      note
 5     remote holds an uncommitted version                           send      ours
 6     equal chain versions, local committed != remote update ver    send      note
-7     equal-or-stale chain version and checksum/length differ       fatal     note
-8     otherwise                                                     skip      note
+7     checksum/length differ, the remote holds the version that     send      ours
+      is still pending locally (a write in flight)
+8     equal-or-stale chain version and checksum/length differ       fatal     note
+9     otherwise                                                     skip      note
 ====  ============================================================  ========  ======
 
 Row 5 is *ours*: nothing will ever commit a pending version left on a syncing target
 (its predecessor sends replaces that commit at once), so it is replaced rather than
-trusted.  A fatal row means two replicas hold different content for the same
-version: the driver raises :class:`ResyncFatal` before changing anything and the
-service forces the syncing target offline.
+trusted.  Row 7 is ours too: the two dumps are taken at different moments, without the
+chunk locks, while writes continue.  A write in flight at the predecessor (its version
+still pending here) may already have reached the syncing tail, which commits a
+full-chunk replace at once: the tail then shows that version, committed, under the new
+chain version while this side still shows the old one -- different content, and no fault.
+Such a chunk is sent instead, which :func:`run_resync` does under the chunk lock, once the
+write has committed here (a replica holds the lock from prepare to commit).  A fatal row
+means two replicas hold different content for the same version: the driver raises
+:class:`ResyncFatal` before changing anything and the service forces the syncing
+target offline.
 """
 
 from __future__ import annotations
@@ -67,7 +76,9 @@ def decide(local: ChunkMeta | None, remote: ChunkMeta | None) -> Decision:
     if local.chain_ver == remote.chain_ver and local.committed_ver != remote.update_ver:
         return Decision.SEND
     if local.crc != remote.crc or local.length != remote.length:
-        return Decision.FATAL
+        # a torn pair of dumps, not a divergence, when the remote already holds our write in flight (row 7)
+        in_flight = local.pending and remote.committed_ver == local.pending_ver
+        return Decision.SEND if in_flight else Decision.FATAL
     return Decision.SKIP
 
 

@@ -47,12 +47,17 @@ ROWS = [
     ("5 remote pending", meta(3, 2), meta(2, 2, pending=3), Decision.SEND),
     ("6 equal chain ver, local ahead", meta(4, 2), meta(3, 2), Decision.SEND),
     ("6 equal chain ver, remote ahead", meta(3, 2), meta(4, 2, crc=9), Decision.SEND),
-    ("7 equal versions, checksum differs", meta(3, 2, crc=1), meta(3, 2, crc=2), Decision.FATAL),
-    ("7 equal versions, length differs", meta(3, 2, length=3), meta(3, 2, length=4), Decision.FATAL),
-    ("7 stale local chain ver, checksum differs", meta(3, 2, crc=1), meta(3, 3, crc=2), Decision.FATAL),
-    ("8 identical", meta(3, 2), meta(3, 2), Decision.SKIP),
-    ("8 stale local chain ver, same checksum", meta(3, 2), meta(3, 3), Decision.SKIP),
-    ("8 local pending over equal committed", meta(3, 2, pending=4), meta(3, 2), Decision.SKIP),
+    # the write in flight at the predecessor (pending 3 over committed 2, chain ver 1) already
+    # committed at the syncing tail as a full replace under chain ver 2: a torn dump, no fault
+    ("7 local mid-write, the tail already has it", meta(2, 1, crc=1, pending=3), meta(3, 2, crc=2), Decision.SEND),
+    ("8 equal versions, checksum differs", meta(3, 2, crc=1), meta(3, 2, crc=2), Decision.FATAL),
+    ("8 equal versions, length differs", meta(3, 2, length=3), meta(3, 2, length=4), Decision.FATAL),
+    ("8 stale local chain ver, checksum differs", meta(3, 2, crc=1), meta(3, 3, crc=2), Decision.FATAL),
+    ("8 equal committed versions differ, a write in flight here", meta(3, 2, crc=1, pending=4), meta(3, 2, crc=2),
+     Decision.FATAL),
+    ("9 identical", meta(3, 2), meta(3, 2), Decision.SKIP),
+    ("9 stale local chain ver, same checksum", meta(3, 2), meta(3, 3), Decision.SKIP),
+    ("9 local pending over equal committed", meta(3, 2, pending=4), meta(3, 2), Decision.SKIP),
 ]
 
 
@@ -62,7 +67,7 @@ def test_diff_rule(row: str, local: ChunkMeta | None, remote: ChunkMeta | None, 
 
 
 def test_every_table_row_is_covered() -> None:
-    assert {r[0].split()[0] for r in ROWS} == {str(i) for i in range(1, 9)}
+    assert {r[0].split()[0] for r in ROWS} == {str(i) for i in range(1, 10)}
 
 
 def test_diff_builds_a_plan() -> None:
@@ -174,3 +179,36 @@ def test_resync_brings_stale_replica_level_while_writes_continue(tmp_path: Path)
     assert [m.chunk_id for m in remote.all_meta()] == [m.chunk_id for m in cl.stores[1].all_meta()]
     assert cl.chain.chain_id == CHAIN
     cl.close()
+
+
+def test_a_write_in_flight_between_the_dumps_is_sent_not_fatal(tmp_path: Path) -> None:
+    """The flake this rule fixes, made deterministic: the dumps are taken while a write has
+    committed at the syncing tail (a full replace, new chain version) and is still pending at
+    the predecessor (old committed content, old chain version)."""
+    cl = Cluster(tmp_path, 3)
+    cid = ChunkId(5, 0, 0)
+    cl.write(cid, 0, b"a" * 100)
+    cl.down.add(3)
+    cl.fail(3)
+    cl.write(cid, 0, b"b" * 100)  # 3 misses this one
+    cl.down.discard(3)
+    cl.set_states({3: PublicState.SYNCING})
+    pred, remote = cl.stores[2], cl.stores[3]
+    plans = []
+    deliver = cl.replicas[3].handle_update
+
+    def deliver_then_dump(req, data):  # type: ignore[no-untyped-def]
+        ack = deliver(req, data)  # the tail has committed; the predecessor commits on this ack
+        plans.append(diff(pred.all_meta(), list(remote.all_meta())))
+        return ack
+
+    cl.replicas[3].handle_update = deliver_then_dump  # type: ignore[method-assign]
+    cl.write(cid, 0, b"c" * 100)
+    cl.replicas[3].handle_update = deliver  # type: ignore[method-assign]
+    (plan,) = plans
+    local = next(m for m in pred.all_meta() if m.chunk_id == cid)
+    assert local.committed_ver == 3  # (committed since the dump)
+    assert plan.fatal == () and plan.send == (cid,)
+    run_resync(pred, plan, remove=remote.remove,
+               send_replace=lambda c, d, v, cv: remote.replace_full(c, d, version=v, chain_ver=cv))
+    assert remote.read(cid) == pred.read(cid) == b"c" * 100
