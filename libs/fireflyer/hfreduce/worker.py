@@ -43,6 +43,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from fireflyer.cluster.procs import free_ports
 from fireflyer.core.errors import FireFlyerError, InvalidArgument, ProtocolError
 from fireflyer.core.log import get_logger
 
@@ -409,8 +410,6 @@ def _coord_join(address: str, ns: argparse.Namespace, settings: WorkerSettings) 
 
     listen = ns.listen
     if not listen:
-        from fireflyer.cluster.procs import free_ports
-
         listen = f"127.0.0.1:{free_ports(1)[0]}"  # outside the ephemeral range (see free_ports)
     restart = ns.restart_count if ns.restart_count is not None else int(os.environ.get("FF_RESTART_COUNT") or 0)
     spec = JoinSpec(job=settings.job_id or "job", name=ns.coord_comm,
