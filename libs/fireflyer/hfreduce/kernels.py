@@ -421,9 +421,20 @@ def _reduce_typed(tag, out_addr, out_fmt, in_addrs, isz, start, stop, op):  # ty
     the last pass writes ``out`` directly when it is float32 (sum / max / min),
     so ``out`` is written once and the accumulators stay in L1.
     """
-    k = in_addrs.shape[0]
     acc = np.empty(BLOCK, np.float32)
     acc2 = np.empty(BLOCK, np.float32)  # folds go acc -> acc2 -> acc ...: never in place (see _fold)
+    _reduce_typed_acc(tag, out_addr, out_fmt, in_addrs, isz, start, stop, op, acc, acc2)
+
+
+@njit(nogil=True, cache=True)
+def _reduce_typed_acc(tag, out_addr, out_fmt, in_addrs, isz, start, stop, op, acc, acc2):  # type: ignore[no-untyped-def]
+    """``_reduce_typed`` with the caller's accumulators (float32, equal lengths: the block).
+
+    A caller that reduces many short ranges (a block loop's sub-blocks, a few hundred
+    elements each) passes its own and saves two allocations per call.
+    """
+    block = acc.shape[0]
+    k = in_addrs.shape[0]
     kf = np.float32(k)
     osz = _ITEMSIZE[out_fmt]
     gmax = 1 if op == _MAX or op == _MIN else 4  # inputs per pass (see _start)
@@ -433,8 +444,8 @@ def _reduce_typed(tag, out_addr, out_fmt, in_addrs, isz, start, stop, op):  # ty
     for q in range(last, k):
         if in_addrs[q] == out_addr:
             direct = False
-    for b0 in range(start, stop, BLOCK):
-        m = min(BLOCK, stop - b0)
+    for b0 in range(start, stop, block):
+        m = min(block, stop - b0)
         off = b0 * isz
         out_view = _view(out_addr + b0 * osz, m, np.float32(0))
         src = acc

@@ -87,9 +87,10 @@ def _data(rng: np.random.Generator, dtype: np.dtype, n: int) -> np.ndarray:
 
 def _run_up(dt: np.dtype, op: str, own: list[np.ndarray], kids: list[bytes], a: int, b: int, blk: int, *,
             root: bool, work: np.ndarray | None = None, mirrors: list[np.ndarray] = (), divisor: int = 1,
-            pre_cut: list[int] | None = None, abort: int = 0) -> tuple[int, np.ndarray, list[bytes], list[bytes]]:
+            pre_cut: list[int] | None = None, abort: int = 0,
+            times_out: list[np.ndarray] | None = None) -> tuple[int, np.ndarray, list[bytes], list[bytes]]:
     """up_chunk with the children's frames arriving on socket pairs; (rc, io, what the parent got
-    or [], what each child got down or [])."""
+    or [], what each child got down or []); the loop's ``times`` are appended to ``times_out``."""
     m = len(kids)
     links = [socket.socketpair() for _ in range(m)]
     cuts = pre_cut or [0] * m
@@ -122,6 +123,8 @@ def _run_up(dt: np.dtype, op: str, own: list[np.ndarray], kids: list[bytes], a: 
     for th in threads:
         th.join(10)
     assert times.min() >= 0
+    if times_out is not None:
+        times_out.append(times)
     return rc, io, got_up, [d[0] if d else b"" for d in downs]
 
 
@@ -167,6 +170,35 @@ def test_up_chunk_at_the_root_finalises_in_work_sends_down_and_fills_the_mirrors
         assert unframed(downs[i], blk * dt.itemsize, want.nbytes) == want.tobytes()
         assert mirrors[i][a:b].tobytes() == want.tobytes()
         assert not mirrors[i][:a].any() and not mirrors[i][b:].any()
+
+
+@pytest.mark.parametrize("op,divisor", [("sum", 1), ("sum", 7), ("max", 1), ("min", 1)])
+@pytest.mark.parametrize("k,m", [(2, 1), (4, 1), (5, 2), (9, 2), (14, 2)])
+def test_a_root_whose_outputs_are_its_inputs_stores_each_result_over_them_in_place(op: str, divisor: int, k: int,
+                                                                                 m: int) -> None:
+    # the engine's usual streamed allreduce: work is rank 0's buffer and the mirrors are the other
+    # ranks' buffers, which are also the inputs: the loop stores the results over the inputs
+    # sub-block by sub-block (no staged copy: T_COPY stays 0); blocks and the range cut the
+    # 256-element sub-blocks anywhere
+    rng = np.random.default_rng(k * 100 + m * 10 + divisor)
+    dt = np.dtype(np.float32)
+    count, a, b, blk = 4000, 77, 3991, 700
+    own = [_data(rng, dt, count) for _ in range(k)]
+    before = [x.copy() for x in own]
+    kids = [_data(rng, dt, b - a) for _ in range(m)]
+    want = _ref([x[a:b] for x in own] + kids, op)
+    if divisor > 1:
+        want = np.divide(want, dt.type(divisor))
+    times: list[np.ndarray] = []
+    rc, _, _, downs = _run_up(dt, op, own, [framed(x.tobytes(), blk * 4) for x in kids], a, b, blk,
+                              root=True, work=own[0], mirrors=own[1:], divisor=divisor, times_out=times)
+    assert rc == B.OK
+    for x, old in zip(own, before, strict=True):
+        assert x[a:b].tobytes() == want.tobytes()
+        assert np.array_equal(x[:a], old[:a]) and np.array_equal(x[b:], old[b:])
+    for d in downs:
+        assert unframed(d, blk * 4, want.nbytes) == want.tobytes()
+    assert times[0][B.T_COPY] == 0 and times[0][B.T_REDUCE] > 0
 
 
 def test_down_chunk_lands_in_work_forwards_to_the_children_and_fills_the_mirrors() -> None:
