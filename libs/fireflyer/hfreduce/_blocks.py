@@ -341,7 +341,7 @@ def _reduce_in_place(out_base, ins, own, lo, hi, op, divisor, acc, acc2):  # typ
     non-temporal copies of the staged root do, which write the ranks' lines after the whole
     block was read); the dirty lines go back to memory when they are evicted.  On the
     thirteenth VM (one core's memory bandwidth ~20 GB/s each way) 4 ranks and a child over
-    64 MiB took ~20 ms this way against ~38 ms reduce-then-copy.  ``acc``/``acc2``: float32
+    64 MiB took 22-24 ms this way against 37-47 ms reduce-then-copy.  ``acc``/``acc2``: float32
     room of :data:`_SUB` elements each.
     """
     tag = np.float32(0)
