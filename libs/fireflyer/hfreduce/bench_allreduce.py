@@ -60,6 +60,7 @@ from typing import Any
 from fireflyer.core.errors import FireFlyerError, Internal
 from fireflyer.wire.conn import congestion_of, set_congestion
 
+from . import _blocks
 from .bench_floor import Floor, loopback_pair, measure_floor
 from .bench_runs import fmt_size, spread_lines, summarize_runs
 from .launch import Launcher, print_line
@@ -227,12 +228,31 @@ def tcp_congestion(prefs: Sequence[str]) -> dict[str, str | None]:
 
 # -- the whole bench -----------------------------------------------------------------------------------------------
 
+def _warm_block_loops() -> None:
+    """Fill numba's cache with the streamed ops' block loops before any worker starts.
+
+    Each worker compiles (or loads) them on a background thread at start-up.  Loaded from the
+    cache that takes ~0.2 s, but after ``_blocks.py`` changed (an update, a checkout) numba
+    compiles them again, ~15-20 s on a 2-core VM, and that ran inside the first timed size: a
+    2-node 4-byte op measured 1.4 ms instead of ~0.2 ms once that way on the thirteenth VM.
+    Done here, the workers find the cache filled.
+    """
+    t0 = time.perf_counter()
+    _blocks.warm_up()
+    took = time.perf_counter() - t0
+    if took > 2.0:
+        print(f"ff bench allreduce: compiled the HFReduce block loops in {took:.0f} s (once per update), "
+              "before timing", file=sys.stderr, flush=True)
+
+
 def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "fp32", vs: str | None = None,
               target_s: float = 0.5, chunk_size: str | None = None, timeout_s: float | None = None,
               deadline_s: float = 600.0, bound: bool = True, cpu_bind: str = "node",
               floor: bool = True) -> dict[str, Any]:
     """Run everything for every size; the JSON object (see the module docs)."""
     world = nodes * local_ranks
+    if nodes > 1 and load_worker_settings().stream:
+        _warm_block_loops()
     kw = {"target_s": target_s, "chunk_size": chunk_size, "timeout_s": timeout_s, "deadline_s": deadline_s,
           "cpu_bind": cpu_bind}
     # the anchor is taken before and after the collectives and the best kept: it is a ceiling, and a
