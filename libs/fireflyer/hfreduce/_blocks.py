@@ -61,7 +61,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._lowp import F32, I32
-from .copies import _fan_out
+from .copies import _fan_out, _plain
 from .kernels import MAX_INPUTS, _reduce_int, _reduce_typed, _reduce_typed_acc, _voidptr
 
 __all__ = ["BLOCK_BYTES", "MARKER_BYTES", "OK", "FAILED", "ABORTED", "PEER_ABORTED", "BAD_FRAME", "IO_LEN",
@@ -305,32 +305,6 @@ _SUB = 256
 
 
 @njit(nogil=True, cache=True)
-def _store_group(s, o0, o1, o2, o3, g, m):  # type: ignore[no-untyped-def]
-    """The first ``g`` (1-4) of o0..o3 ``[:m]`` = ``s[:m]``, in one pass (plain stores)."""
-    if g == 1:
-        for j in range(m):
-            o0[j] = s[j]
-    elif g == 2:
-        for j in range(m):
-            v = s[j]
-            o0[j] = v
-            o1[j] = v
-    elif g == 3:
-        for j in range(m):
-            v = s[j]
-            o0[j] = v
-            o1[j] = v
-            o2[j] = v
-    else:
-        for j in range(m):
-            v = s[j]
-            o0[j] = v
-            o1[j] = v
-            o2[j] = v
-            o3[j] = v
-
-
-@njit(nogil=True, cache=True)
 def _reduce_in_place(out_base, ins, own, lo, hi, op, divisor, acc, acc2):  # type: ignore[no-untyped-def]
     """Elements [lo, hi) of the float32 ``reduce(ins)`` (left to right), divided by ``divisor``
     (> 1: ``avg``), at ``out_base + 4 * i`` *and* over every buffer in ``own`` (the local
@@ -353,16 +327,8 @@ def _reduce_in_place(out_base, ins, own, lo, hi, op, divisor, acc, acc2):  # typ
         src = out_base + a * 4
         if divisor > 1:
             _divide(F32, src, m, divisor)
-        s = carray(_voidptr(src), m, np.float32)
-        r = 0
-        while r < k:
-            g = min(4, k - r)
-            o0 = carray(_voidptr(own[r] + a * 4), m, np.float32)
-            o1 = carray(_voidptr(own[min(r + 1, k - 1)] + a * 4), m, np.float32)
-            o2 = carray(_voidptr(own[min(r + 2, k - 1)] + a * 4), m, np.float32)
-            o3 = carray(_voidptr(own[min(r + 3, k - 1)] + a * 4), m, np.float32)
-            _store_group(s, o0, o1, o2, o3, g, m)
-            r += g
+        for i in range(k):
+            _plain(own[i] + a * 4, src, m * 4)
 
 
 @njit(nogil=True, cache=True)
@@ -378,11 +344,8 @@ def _is_own(own, work, mirrors):  # type: ignore[no-untyped-def]
 
 @njit(nogil=True, cache=True)
 def _plain_fan_out(dsts, src, nbytes, block):  # type: ignore[no-untyped-def]
-    s = carray(_voidptr(src), nbytes, np.uint8)
     for i in range(dsts.shape[0]):
-        d = carray(_voidptr(dsts[i]), nbytes, np.uint8)
-        for j in range(nbytes):
-            d[j] = s[j]
+        _plain(dsts[i], src, nbytes)
 
 
 #: the write-back of a block into the mirrors: the source is in the cache, the mirrors are

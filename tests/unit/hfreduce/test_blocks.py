@@ -319,3 +319,12 @@ def test_a_child_lost_mid_frame_fails_the_root_which_ends_every_frame_going_down
     assert io[B.IO_DONE] == 1 and io[B.IO_GOT + 1] == 1032 + 100
     for got in (outs[0][0], outs[1][0]):  # block 0 went down to both, then an aborted block 1
         assert len(got) == 2 * 1032 and got[1024:1032] == marker(0) and got[-8:] == marker(1, True)
+
+
+def test_the_plain_fan_out_of_machines_without_non_temporal_stores_copies_to_every_destination() -> None:
+    # x86 writes mirrors with _fan_out; elsewhere _plain_fan_out, which this machine never picks
+    src = np.arange(1000, dtype=np.uint8)
+    dsts = [np.zeros(1000, np.uint8) for _ in range(3)]
+    B._plain_fan_out(_addrs(dsts), src.ctypes.data, 777, 777)
+    for d in dsts:
+        assert d[:777].tobytes() == src[:777].tobytes() and not d[777:].any()
