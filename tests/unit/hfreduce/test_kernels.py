@@ -267,6 +267,55 @@ def test_big_float32_sum_non_temporal_path(k: int) -> None:
     assert_same(xs[k - 1], ref)
 
 
+@pytest.mark.parametrize("block", [16, 1000, 4096, 1 << 16])
+def test_non_temporal_sum_is_the_same_for_every_block_length(block: int) -> None:
+    # the block is the machine's (stream_block); whatever it is, the bits are the reference's,
+    # with ragged last blocks and an out that starts off a 64-byte boundary
+    n = 3 * 4096 + 37
+    xs = random_inputs(np.dtype(F32), 9, n, seed=block)
+    ref = reference(xs, "sum", np.dtype(F32))
+    out = np.empty(n + 1, F32)[1:]
+    out[...] = np.nan
+    addrs = np.array([x.ctypes.data for x in xs], dtype=np.int64)
+    acc = (np.full(block, np.nan, F32), np.full(block, np.nan, F32))
+    kernels._reduce_stream(out.ctypes.data, addrs, 0, n, *acc)
+    assert_same(out, ref)
+    out[...] = np.nan
+    kernels._reduce_stream(out.ctypes.data, addrs, 5, n - 3, *acc)
+    assert_same(out[5:n - 3], ref[5:n - 3])
+    assert np.isnan(out[:5]).all() and np.isnan(out[n - 3:]).all()
+
+
+@pytest.mark.parametrize(("l2", "block"), [
+    (1 << 20, 1 << 16),  # two 256 KiB accumulators: half of a 1 MiB L2
+    (2 << 20, 1 << 16),  # capped
+    (512 << 10, 1 << 15),
+    (768 << 10, 1 << 15),  # rounded down to a power of two
+    (256 << 10, 1 << 14),
+    (32 << 10, 1 << 14),  # floor
+    (None, 1 << 14),  # unknown
+    (0, 1 << 14),
+])
+def test_stream_block_fills_half_of_l2(l2: int | None, block: int) -> None:
+    assert kernels.stream_block(l2) == block
+
+
+def test_l2_cache_size_comes_from_sysfs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    def index(name: str, level: str, size: str) -> None:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "level").write_text(level + "\n")
+        (tmp_path / name / "size").write_text(size + "\n")
+
+    assert kernels.l2_cache_bytes(str(tmp_path / "missing")) is None
+    index("index0", "1", "48K")
+    assert kernels.l2_cache_bytes(str(tmp_path)) is None
+    index("index2", "2", "2048K")
+    index("index3", "3", "32768K")
+    assert kernels.l2_cache_bytes(str(tmp_path)) == 2 << 20
+    (tmp_path / "index2" / "size").write_text("1M\n")
+    assert kernels.l2_cache_bytes(str(tmp_path)) == 1 << 20
+
+
 def test_reduce_range_touches_only_its_range() -> None:
     xs = random_inputs(np.dtype(F32), 3, N, seed=17)
     out = np.full(N, 7.0, F32)
