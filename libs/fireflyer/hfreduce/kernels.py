@@ -236,9 +236,11 @@ def stream_block(l2_bytes: int | None) -> int:
     the next four inputs.  Long runs mean fewer switches between sets of memory streams
     and less per-block work (views, unaligned edges).  On an AMD EPYC VM (1 MiB L2),
     64 Ki-element blocks against the 4 Ki of the other paths (which keep theirs in L1),
-    ``ff bench kernels`` in 14 interleaved runs per side: k = 8 at 2.33x numpy against
-    2.09x (medians), k = 16 2.68x against 2.26x, k = 2 1.66x against 1.42x.  A power of
-    two between 16 Ki and 64 Ki elements; 16 Ki where the L2 size is unknown.
+    ``ff bench kernels``, 28 interleaved runs per side (medians): k = 16 2.38x numpy
+    against 2.10x, k = 2 1.50x against 1.37x; k = 8 level at the median (2.09x against
+    2.10x, 34.5 against 33.4 GB/s) but at least 2x in 22 runs against 16.  In one
+    process, where the VM's level moves less between the two, k = 8 gained 10-20%.
+    A power of two between 16 Ki and 64 Ki elements; 16 Ki where the L2 size is unknown.
     """
     if not l2_bytes or l2_bytes <= 0:
         return _STREAM_BLOCK_DEFAULT
