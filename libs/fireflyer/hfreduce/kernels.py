@@ -76,7 +76,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 from numba.np.numpy_support import as_dtype
 
-from fireflyer.core.errors import InvalidArgument
+from fireflyer.core.errors import InvalidArgument, SettingsError
 from fireflyer.hfreduce._lowp import (
     BF16,
     E4M3,
@@ -94,6 +94,7 @@ from fireflyer.hfreduce._lowp import (
     enc_e5m2,
     enc_f16,
 )
+from fireflyer.hfreduce.settings import parse_size
 
 __all__ = [
     "BLOCK",
@@ -215,17 +216,12 @@ def l2_cache_bytes(base: str = "/sys/devices/system/cpu/cpu0/cache") -> int | No
     for e in sorted(entries):
         try:
             with open(f"{base}/{e}/level") as f:
-                level = f.read().strip()
+                if f.read().strip() != "2":
+                    continue
             with open(f"{base}/{e}/size") as f:
-                size = f.read().strip().upper()
-        except OSError:
+                return parse_size(f.read(), key="l2 cache size")  # sysfs writes "1024K"
+        except (OSError, SettingsError):
             continue
-        if level != "2" or not size:
-            continue
-        mult = {"K": 1 << 10, "M": 1 << 20}.get(size[-1], 1)
-        digits = size[:-1] if mult != 1 else size
-        if digits.isdigit():
-            return int(digits) * mult
     return None
 
 
@@ -244,7 +240,7 @@ def stream_block(l2_bytes: int | None) -> int:
     """
     if not l2_bytes or l2_bytes <= 0:
         return _STREAM_BLOCK_DEFAULT
-    fit = 1 << ((l2_bytes // 16).bit_length() - 1) if l2_bytes >= 16 else 1
+    fit = 1 << (max(1, l2_bytes // 16).bit_length() - 1)  # two float32 accumulators in half of it
     return max(_STREAM_BLOCK_MIN, min(_STREAM_BLOCK_MAX, fit))
 
 

@@ -314,6 +314,8 @@ def test_l2_cache_size_comes_from_sysfs(tmp_path) -> None:  # type: ignore[no-un
     assert kernels.l2_cache_bytes(str(tmp_path)) == 2 << 20
     (tmp_path / "index2" / "size").write_text("1M\n")
     assert kernels.l2_cache_bytes(str(tmp_path)) == 1 << 20
+    (tmp_path / "index2" / "size").write_text("unknown\n")  # unreadable: no size rather than an error
+    assert kernels.l2_cache_bytes(str(tmp_path)) is None
 
 
 def test_reduce_range_touches_only_its_range() -> None:
