@@ -50,7 +50,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from fireflyer.wire.bench import _git_sha, parse_size
+from fireflyer.core.sizes import parse_size, size_arg
+from fireflyer.wire.bench import _git_sha
 
 __all__ = ["main", "run_ckpt", "make_state", "GOAL_STALL_RATIO", "GOAL_PERSIST_RATIO"]
 
@@ -223,14 +224,14 @@ def _progress(s: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ff bench ckpt",
                                 description="checkpoint stall/persist/load vs torch.save, torch.load and raw disk")
-    p.add_argument("--size", type=parse_size, default=parse_size("2G"), help="state dict bytes (default 2G)")
+    p.add_argument("--size", type=size_arg, default=parse_size("2G"), help="state dict bytes (default 2G)")
     p.add_argument("--fs", dest="fs_kind", choices=("3fs", "local"), default="3fs")
     p.add_argument("--saves", type=int, default=3, help="saves to time (>= 2; the first warms the staging memory)")
     p.add_argument("--tensors", type=int, default=64, help="large tensors in the state (default 64)")
     p.add_argument("--servers", type=int, default=1, help="3FS storage nodes (default 1)")
     p.add_argument("--replicas", type=int, default=1, choices=(1, 2), help="chain replicas (default 1)")
     p.add_argument("--io-threads", type=int, default=4)
-    p.add_argument("--chunk", type=parse_size, default=parse_size("64M"),
+    p.add_argument("--chunk", type=size_arg, default=parse_size("64M"),
                    help="3FS chunk size of the checkpoint files (default 64M, as services/checkpoint sets)")
     p.add_argument("--dir", default=None, help="where the state dir and anchor files go (default: the temp dir)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -35,8 +35,9 @@ __all__ = ["register"]
 
 def _cmd(ns: argparse.Namespace) -> int:
     from fireflyer.core.errors import InvalidArgument
+    from fireflyer.core.sizes import parse_size
     from fireflyer.hfreduce.launch import Launcher
-    from fireflyer.hfreduce.launch_plan import LaunchOptions, parse_size, parse_zones
+    from fireflyer.hfreduce.launch_plan import LaunchOptions, parse_zones
 
     cmd = list(ns.cmd)
     if cmd and cmd[0] == "--":
@@ -44,7 +45,7 @@ def _cmd(ns: argparse.Namespace) -> int:
     if not cmd:
         raise InvalidArgument("no command to launch: give it after '--' (ff launch --nodes 2 -- python train.py)")
     if ns.chunk_size is not None:
-        parse_size(ns.chunk_size)  # fail here, naming the option, not in N workers
+        parse_size(ns.chunk_size, what="--chunk-size")  # fail here, naming the option, not in N workers
     opts = LaunchOptions(nodes=ns.nodes, local_ranks=ns.local_ranks, zones=parse_zones(ns.zones, ns.nodes),
                          chunk_size=ns.chunk_size, timeout_s=ns.timeout_s, job_id=ns.job_id, cpu_bind=ns.cpu_bind)
     return Launcher(opts, cmd, run_dir=ns.run_dir, grace_s=ns.grace, ready_timeout_s=ns.ready_timeout_s).run()

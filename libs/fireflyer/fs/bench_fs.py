@@ -50,7 +50,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from fireflyer.wire.bench import _git_sha, _RawPair, parse_size
+from fireflyer.core.sizes import parse_size, size_arg
+from fireflyer.wire.bench import _git_sha, _RawPair
 
 __all__ = ["main", "main_small", "main_incast", "run_fs", "run_small", "run_incast", "bench_cluster",
            "cluster_toml", "GOAL_WRITE_RATIO", "GOAL_READ_RATIO"]
@@ -409,10 +410,10 @@ def _emit(result: dict[str, Any], as_json: bool) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ff bench fs", description="3FS sequential write/read vs raw disk and loopback")
-    p.add_argument("--size", type=parse_size, default=parse_size("1G"))
+    p.add_argument("--size", type=size_arg, default=parse_size("1G"))
     p.add_argument("--replicas", type=_ints, default=[1, 3], help="comma list (default 1,3)")
-    p.add_argument("--io", type=parse_size, default=parse_size("8M"), help="bytes per write/read call")
-    p.add_argument("--chunk", type=parse_size, default=parse_size("4M"))
+    p.add_argument("--io", type=size_arg, default=parse_size("8M"), help="bytes per write/read call")
+    p.add_argument("--chunk", type=size_arg, default=parse_size("4M"))
     p.add_argument("--targets", type=int, default=2, help="storage targets per node (default 2)")
     p.add_argument("--no-fsync", dest="fsync", action="store_false", help="storage does not fsync chunk writes")
     p.add_argument("--dir", default=None, help="where the state dir and raw file go (default: the temp dir)")
@@ -426,9 +427,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def main_small(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ff bench fs-small", description="3FS random small-read IOPS, batched vs not")
-    p.add_argument("--io", type=parse_size, default=4096)
+    p.add_argument("--io", type=size_arg, default=4096)
     p.add_argument("--batch", type=_ints, default=[1, 32, 128], help="comma list; 1 = pread loop")
-    p.add_argument("--file-size", type=parse_size, default=parse_size("64M"))
+    p.add_argument("--file-size", type=size_arg, default=parse_size("64M"))
     p.add_argument("--reads", type=int, default=4096, help="reads per batch size")
     p.add_argument("--replicas", type=int, choices=(1, 3), default=3)
     p.add_argument("--dir", default=None)
@@ -443,7 +444,7 @@ def main_small(argv: Sequence[str] | None = None) -> int:
 def main_incast(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ff bench incast", description="batch-read fan-in with and without request-to-send")
     p.add_argument("--servers", type=int, default=3)
-    p.add_argument("--io", type=parse_size, default=parse_size("256K"), help="bytes per read")
+    p.add_argument("--io", type=size_arg, default=parse_size("256K"), help="bytes per read")
     p.add_argument("--batch", type=int, default=48, help="reads per batch, spread over all servers")
     p.add_argument("--batches", type=int, default=40, help="batches per round")
     p.add_argument("--rounds", type=int, default=3, help="rounds each way, alternating")

@@ -58,13 +58,14 @@ from pathlib import Path
 from typing import Any
 
 from fireflyer.core.errors import FireFlyerError, Internal
+from fireflyer.core.sizes import parse_size
 from fireflyer.wire.conn import congestion_of, set_congestion
 
 from . import _blocks
 from .bench_floor import Floor, loopback_pair, measure_floor
 from .bench_runs import fmt_size, spread_lines, summarize_runs
 from .launch import Launcher, print_line
-from .launch_plan import LaunchOptions, node_cpus, parse_size
+from .launch_plan import LaunchOptions, node_cpus
 from .settings import load_worker_settings
 
 __all__ = ["main", "run_bench", "loopback_capacity", "busbw", "table_rows", "markdown_table", "RankResults"]
@@ -411,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.runs < 1:
         p.error(f"--runs must be at least 1, got {ns.runs}")
     try:
-        sizes = [parse_size(s) for s in ns.sizes.split(",")]
+        sizes = [parse_size(s, what="--sizes") for s in ns.sizes.split(",")]
         docs = []
         for i in range(ns.runs):
             if ns.runs > 1:

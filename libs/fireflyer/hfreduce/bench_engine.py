@@ -26,6 +26,7 @@ import msgspec
 import numpy as np
 
 from fireflyer.cluster.procs import free_ports
+from fireflyer.core.sizes import size_arg
 
 __all__ = ["bench_engine", "loopback_capacity"]
 
@@ -202,21 +203,12 @@ def bench_engine(n: int, size_bytes: int, repeats: int, *, warmup: int = 2, chun
     return res
 
 
-def _size(s: str) -> int:
-    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "b": 1}
-    low = s.strip().lower()
-    for u, f in units.items():
-        if low.endswith(u):
-            return int(float(low[: -len(u)]) * f)
-    return int(low)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=2)
-    ap.add_argument("--size", type=_size, default=64 << 20)
+    ap.add_argument("--size", type=size_arg, default=64 << 20)
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--chunk", type=_size, default=4 << 20)
+    ap.add_argument("--chunk", type=size_arg, default=4 << 20)
     ap.add_argument("--no-bound", action="store_true")
     ap.add_argument("--vs-gloo", action="store_true")
     ap.add_argument("--stats", action="store_true", help="print the last op's OpStats of every node")

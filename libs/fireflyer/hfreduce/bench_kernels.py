@@ -35,27 +35,13 @@ import ml_dtypes
 import numba
 import numpy as np
 
+from fireflyer.core.sizes import parse_size, size_arg
 from fireflyer.hfreduce import kernels
 
 _GB = 1e9
 _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8_e4m3",
           "float8_e5m2": "fp8_e5m2", "int32": "int32", "int64": "int64"}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-def parse_size(text: str) -> int:
-    """``"64M"`` -> 67108864; suffixes K, M, G are powers of 1024 (an optional trailing B/iB is ignored)."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
-    if mult != 1:
-        t = t[:-1]
-    try:
-        value = int(float(t) * mult)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}; use e.g. 64M, 512K, 1G") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
-    return value
 
 
 def _best(fn: Callable[[], object], repeats: int, budget_s: float = 4.0) -> float:
@@ -208,7 +194,7 @@ def _git_sha() -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ff bench kernels", description=__doc__.split("\n", 1)[0])
-    p.add_argument("--size", type=parse_size, default=parse_size("64M"), help="bytes per buffer (K/M/G)")
+    p.add_argument("--size", type=size_arg, default=parse_size("64M"), help="bytes per buffer (K/M/G)")
     p.add_argument("--dtypes", default="fp32,fp16,bf16,fp8_e4m3,fp8_e5m2", help="comma-separated dtype names")
     p.add_argument("--k", default="2,8,16", help="comma-separated input counts (1..16)")
     p.add_argument("--repeats", type=int, default=5)

@@ -76,7 +76,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 from numba.np.numpy_support import as_dtype
 
-from fireflyer.core.errors import InvalidArgument, SettingsError
+from fireflyer.core.errors import InvalidArgument
+from fireflyer.core.sizes import parse_size
 from fireflyer.hfreduce._lowp import (
     BF16,
     E4M3,
@@ -94,7 +95,6 @@ from fireflyer.hfreduce._lowp import (
     enc_e5m2,
     enc_f16,
 )
-from fireflyer.hfreduce.settings import parse_size
 
 __all__ = [
     "BLOCK",
@@ -219,8 +219,8 @@ def l2_cache_bytes(base: str = "/sys/devices/system/cpu/cpu0/cache") -> int | No
                 if f.read().strip() != "2":
                     continue
             with open(f"{base}/{e}/size") as f:
-                return parse_size(f.read(), key="l2 cache size")  # sysfs writes "1024K"
-        except (OSError, SettingsError):
+                return parse_size(f.read(), what="l2 cache size")  # sysfs writes "1024K"
+        except (OSError, InvalidArgument):
             continue
     return None
 

@@ -31,7 +31,6 @@ scheduler.  Binding changes placement only: every process still runs the same co
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -39,6 +38,7 @@ from pathlib import Path
 import msgspec
 
 from fireflyer.core.errors import InvalidArgument
+from fireflyer.core.sizes import parse_size
 
 __all__ = [
     "LaunchOptions",
@@ -47,7 +47,6 @@ __all__ = [
     "LaunchPlan",
     "make_plan",
     "node_address",
-    "parse_size",
     "parse_zones",
     "coord_note",
     "with_node_ranks",
@@ -73,7 +72,7 @@ class LaunchOptions(msgspec.Struct, frozen=True):
     nodes: int
     local_ranks: int
     zones: tuple[str, ...] | None = None
-    #: passed through to the worker as given (``4M``); validated with :func:`parse_size`
+    #: passed through to the worker as given (``4M``); validated with :func:`fireflyer.core.sizes.parse_size`
     chunk_size: str | None = None
     #: collective deadline of the workers, seconds
     timeout_s: float | None = None
@@ -125,14 +124,6 @@ def node_address(node_rank: int) -> str:
         raise InvalidArgument(f"node rank {node_rank} has no loopback address (at most {MAX_NODES} nodes)",
                               node=node_rank)
     return f"127.0.0.{node_rank + 1}"
-
-
-def parse_size(text: str) -> int:
-    """``4M`` -> 4194304: plain bytes or a K/M/G suffix (powers of two, ``KiB`` etc. accepted)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise InvalidArgument(f"not a size: {text!r} (examples: 4, 4096, 512K, 4M, 1G)", value=text)
-    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
 
 
 def node_cpus(nodes: int, allowed: Sequence[int]) -> list[tuple[int, ...] | None]:
@@ -190,7 +181,7 @@ def _validate(opts: LaunchOptions) -> None:
         raise InvalidArgument(
             f"--zones names {len(opts.zones)} zone(s) ({','.join(opts.zones)}) but --nodes is {opts.nodes}: "
             "give one zone per node", zones=len(opts.zones), nodes=opts.nodes)
-    if opts.chunk_size is not None and parse_size(opts.chunk_size) <= 0:
+    if opts.chunk_size is not None and parse_size(opts.chunk_size, what="--chunk-size") <= 0:
         raise InvalidArgument(f"--chunk-size must be positive, got {opts.chunk_size}", value=opts.chunk_size)
     if opts.timeout_s is not None and not opts.timeout_s > 0:
         raise InvalidArgument(f"--timeout-s must be positive, got {opts.timeout_s}", value=opts.timeout_s)

@@ -13,27 +13,24 @@ from typing import Any
 
 import msgspec
 
-from fireflyer.core.errors import SettingsError
+from fireflyer.core import sizes
+from fireflyer.core.errors import InvalidArgument, SettingsError
 from fireflyer.core.settings import load_settings
 
 __all__ = ["WorkerSettings", "parse_size", "load_worker_settings", "ENV_PREFIX"]
 
 ENV_PREFIX = "FF_HFREDUCE"
 
-_SIZE = re.compile(r"\s*(\d+)\s*([kmgKMG]?)(i?[bB])?\s*")
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 _CC_NAME = re.compile(r"[a-z][a-z0-9_]{0,15}")  # TCP_CA_NAME_MAX is 16
 
 
 def parse_size(text: str | int, key: str = "chunk_size") -> int:
-    """``"4M"`` / ``"512k"`` / ``"4MiB"`` / ``4194304`` -> bytes (binary units); a bad one names ``key``."""
-    if isinstance(text, int):
-        return text
-    m = _SIZE.fullmatch(text)
-    if not m:
-        raise SettingsError(f"{key}: expected a size like 4M, 512k or 1048576, got {text!r}", key=key,
-                            expected="size")
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+    """``"4M"`` / ``"512k"`` / ``"4MiB"`` / ``4194304`` -> bytes (:mod:`fireflyer.core.sizes`); a bad
+    one is a :class:`SettingsError` naming ``key``."""
+    try:
+        return sizes.parse_size(text, what=key)
+    except InvalidArgument as e:
+        raise SettingsError(e.message, key=key, expected="size") from None
 
 
 class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):

@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import socket
 import statistics
 import subprocess
@@ -36,22 +35,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fireflyer.core.sizes import parse_size, size_arg
+
 from .client import Connection
 from .conn import CHUNK, tune_socket
 from .frame import FrameLimits
 from .server import ServerRequest, WireServer
 
-__all__ = ["run_bench", "main", "parse_size"]
+__all__ = ["run_bench", "main"]
 
 _TOKEN = "bench-token"
-
-
-def parse_size(text: str) -> int:
-    """``64M`` -> 67108864; K/M/G (also KiB/MiB/GiB, powers of two) or plain bytes."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 4096, 512K, 64M, 1G)")
-    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
 
 
 def _git_sha() -> str | None:
@@ -174,10 +167,10 @@ def run_bench(size_bytes: int, *, repeats: int = 5, buf_bytes: int | None = None
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ff bench wire", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", type=parse_size, default=parse_size("64M"),
+    parser.add_argument("--size", type=size_arg, default=parse_size("64M"),
                         help="bytes per round, K/M/G suffixes (default 64M)")
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds of each side (default 5)")
-    parser.add_argument("--buf-bytes", type=parse_size, default=None,
+    parser.add_argument("--buf-bytes", type=size_arg, default=None,
                         help="fixed SO_SNDBUF/SO_RCVBUF for both sides (default: kernel auto-tuning)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     ns = parser.parse_args(argv)

@@ -381,8 +381,6 @@ def test_bad_threads_and_cast_of_ints() -> None:
 
 
 def test_bench_reports_anchors_ratios_and_goals(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench_kernels.parse_size("64M") == 64 << 20
-    assert bench_kernels.parse_size("512k") == 512 << 10
     rc = bench_kernels.main(["--size", "256K", "--dtypes", "fp32,bf16", "--k", "2,8", "--repeats", "1", "--json"])
     assert rc == 0
     report = json.loads(capsys.readouterr().out)

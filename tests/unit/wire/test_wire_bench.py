@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from fireflyer.wire.bench import main, parse_size, run_bench
+from fireflyer.core.sizes import parse_size
+from fireflyer.wire.bench import main, run_bench
 
 
 def test_run_bench_reports_positive_figures():
