@@ -113,22 +113,19 @@ class Link:
             self.fs.send_lock.release()
 
 
-def _tune(sock: socket.socket, buf_bytes: int | None, congestion: Sequence[str]) -> None:
-    tune_socket(sock, io_timeout_s=_HANDSHAKE_S, buf_bytes=buf_bytes, congestion=congestion)
-
-
 def dial(addr: str, *, me: int, tree: int, nnodes: int, layout: str, token: str,
          limits: FrameLimits, buf_bytes: int | None, timeout_s: float,
-         congestion: Sequence[str] = ()) -> FramedSocket:
+         congestion: Sequence[str] = (), send_buf_bytes: int | None = None) -> FramedSocket:
     """Connect to a parent and authenticate; raises OSError (retry) or FireFlyerError (don't).
 
     ``congestion``: the TCP congestion controls to try, in order (each end sets its own:
-    it governs what that end sends; empty: the system default)."""
+    it governs what that end sends; empty: the system default).  ``buf_bytes`` /
+    ``send_buf_bytes``: :func:`~fireflyer.wire.conn.tune_socket`'s."""
     host, port = parse_address(addr)
     sock = socket.create_connection((host, port), timeout=max(0.05, timeout_s))
     try:
         tune_socket(sock, io_timeout_s=min(_HANDSHAKE_S, max(0.05, timeout_s)), buf_bytes=buf_bytes,
-                    congestion=congestion)
+                    congestion=congestion, send_buf_bytes=send_buf_bytes)
         fs = FramedSocket(sock, peer=addr, limits=limits, io_timeout_s=_HANDSHAKE_S)
         fs.send_frame(Hello(token=token, client=hello_name(me, tree, nnodes, layout)))
         header, size = fs.read_header()
@@ -156,13 +153,15 @@ class Acceptor:
 
     def __init__(self, listener: socket.socket, *, me: int, nnodes: int, layout: str, token: str,
                  expected: set[tuple[int, int]], limits: FrameLimits, buf_bytes: int | None,
-                 on_link: Callable[[int, int, FramedSocket], None], congestion: Sequence[str] = ()) -> None:
+                 on_link: Callable[[int, int, FramedSocket], None], congestion: Sequence[str] = (),
+                 send_buf_bytes: int | None = None) -> None:
         self.listener = listener
         self.me, self.nnodes, self.layout, self.token = me, nnodes, layout, token
         self.expected = set(expected)
         self.got: set[tuple[int, int]] = set()
         self.limits, self.buf_bytes, self.on_link = limits, buf_bytes, on_link
         self.congestion = tuple(congestion)
+        self.send_buf_bytes = send_buf_bytes
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"hfr-accept-{me}", daemon=True)
 
@@ -184,7 +183,8 @@ class Acceptor:
 
     def _handshake(self, sock: socket.socket, peer: str) -> None:
         sock.settimeout(None)
-        _tune(sock, self.buf_bytes, self.congestion)
+        tune_socket(sock, io_timeout_s=_HANDSHAKE_S, buf_bytes=self.buf_bytes, congestion=self.congestion,
+                    send_buf_bytes=self.send_buf_bytes)
         fs = FramedSocket(sock, peer=peer, limits=self.limits, io_timeout_s=_HANDSHAKE_S)
         header, size = fs.read_header()
         why = ""

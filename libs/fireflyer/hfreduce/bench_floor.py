@@ -41,12 +41,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from fireflyer.core.errors import Internal
-from fireflyer.wire.conn import set_congestion
+from fireflyer.wire.conn import tune_socket
 
 from .copies import _fan_out
 from .launch_plan import node_cpus
 
-__all__ = ["Floor", "ring_bytes", "combine", "measure_floor", "loopback_pair"]
+__all__ = ["Floor", "ring_bytes", "combine", "measure_floor", "loopback_pair", "SocketBuffers"]
+
+#: (``buf_bytes``, ``send_buf_bytes``) of :func:`fireflyer.wire.conn.tune_socket`: None, None is the
+#: kernel's auto-tuning
+SocketBuffers = tuple[int | None, int | None]
 
 _PIECE = 1 << 20  # bytes per sendall / recv_into (the loopback anchor's size)
 _COPY_BLOCK = 128 << 10  # source bytes per block of the non-temporal copy (as copies.copy_into)
@@ -144,24 +148,26 @@ def _node_main(cpus: tuple[int, ...] | None, tx: socket.socket | None, rx: socke
                 s.close()
 
 
-def loopback_pair(src: int, dst: int, congestion: Sequence[str] = ()) -> tuple[socket.socket, socket.socket]:
+def loopback_pair(src: int, dst: int, congestion: Sequence[str] = (),
+                  buffers: SocketBuffers = (None, None)) -> tuple[socket.socket, socket.socket]:
     """A connected (tx, rx) TCP pair from simulated node ``src``'s loopback address to node
-    ``dst``'s (``127.0.0.(i+1)``, as ``ff launch`` gives them), no Nagle, the links' congestion control."""
+    ``dst``'s (``127.0.0.(i+1)``, as ``ff launch`` gives them), tuned as the workers' links
+    are (:func:`~fireflyer.wire.conn.tune_socket`): no Nagle, the links' congestion control,
+    ``buffers`` = (``buf_bytes``, ``send_buf_bytes``)."""
     with socket.create_server((f"127.0.0.{dst % 254 + 1}", 0)) as listener:
         tx = socket.create_connection(listener.getsockname(), source_address=(f"127.0.0.{src % 254 + 1}", 0))
         rx, _ = listener.accept()
     for s in (tx, rx):
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        set_congestion(s, congestion)
+        tune_socket(s, io_timeout_s=None, buf_bytes=buffers[0], congestion=congestion, send_buf_bytes=buffers[1])
     return tx, rx
 
 
-def _ring(nodes: int, congestion: Sequence[str]) -> list[tuple[socket.socket, socket.socket]]:
+def _ring(nodes: int, congestion: Sequence[str], buffers: SocketBuffers) -> list[tuple[socket.socket, socket.socket]]:
     """One connected (tx, rx) pair per ring edge i -> i+1."""
     pairs: list[tuple[socket.socket, socket.socket]] = []
     try:
         for i in range(nodes):
-            pairs.append(loopback_pair(i, (i + 1) % nodes, congestion))
+            pairs.append(loopback_pair(i, (i + 1) % nodes, congestion, buffers))
     except BaseException:
         for tx, rx in pairs:
             tx.close()
@@ -171,16 +177,18 @@ def _ring(nodes: int, congestion: Sequence[str]) -> list[tuple[socket.socket, so
 
 
 def measure_floor(nodes: int, local_ranks: int, size: int, *, cpu_bind: str = "node", trials: int = 3,
-                  timeout_s: float = 120.0, congestion: Sequence[str] = ()) -> Floor:
+                  timeout_s: float = 120.0, congestion: Sequence[str] = (),
+                  buffers: SocketBuffers = (None, None)) -> Floor:
     """Measure both parts of the floor for ``size`` bytes (see the module docs); the streams
-    use the first of the ``congestion`` controls the kernel allows (empty: the system default)."""
+    use the first of the ``congestion`` controls the kernel allows (empty: the system default)
+    and the socket ``buffers`` (:func:`loopback_pair`)."""
     if nodes < 1 or local_ranks < 1 or size < 1 or trials < 1:
         raise ValueError("nodes, local_ranks, size and trials must be positive")
     allowed = sorted(os.sched_getaffinity(0))
     shares = node_cpus(nodes, allowed) if cpu_bind == "node" else [None] * nodes
     _fan_out(np.zeros(0, dtype=np.int64), 0, 0, _COPY_BLOCK)  # compile (or load) once, before the fork
     ctx = mp.get_context("fork")  # the children need only this module's functions and the sockets
-    pairs = _ring(nodes, congestion) if nodes > 1 else []
+    pairs = _ring(nodes, congestion, buffers) if nodes > 1 else []
     barrier = ctx.Barrier(nodes, timeout=timeout_s)
     net_bytes = ring_bytes(nodes, size)
     procs, pipes = [], []

@@ -113,7 +113,8 @@ class NodeEngine(Pipeline, Streaming):
     own address (tests bind port 0 first); the engine takes it over and closes it
     after :meth:`start`.  ``chunk_bytes`` must be equal on all nodes (checked at
     connect).  ``sock_buf_bytes`` fixes SO_SNDBUF/SO_RCVBUF (``None``: kernel
-    auto-tuning, usually best on Linux).  ``tcp_congestion``: congestion controls to try
+    auto-tuning); without it ``send_buf_bytes`` fixes SO_SNDBUF alone (``None``: auto-tuning;
+    see ``WorkerSettings.send_buf_size`` for why the worker fixes it).  ``tcp_congestion``: congestion controls to try
     on the links, in order (:func:`fireflyer.wire.conn.set_congestion`; empty: the system
     default).  ``block_bytes``: the block of a streamed
     op's loops (:mod:`._blocks`); ``streaming=False`` runs every op the threaded way
@@ -125,7 +126,7 @@ class NodeEngine(Pipeline, Streaming):
                  listen: socket.socket | None = None, sock_buf_bytes: int | None = None,
                  ring: int = 3, grace_s: float = 1.0, inline_bytes: int = 64 << 10,
                  block_bytes: int = BLOCK_BYTES, streaming: bool = True,
-                 tcp_congestion: Sequence[str] = ()) -> None:
+                 tcp_congestion: Sequence[str] = (), send_buf_bytes: int | None = None) -> None:
         n = len(addresses)
         if not 0 <= node_rank < n:
             raise InvalidArgument(f"node_rank {node_rank} not in 0..{n - 1}", node=node_rank, nnodes=n)
@@ -153,6 +154,7 @@ class NodeEngine(Pipeline, Streaming):
                             f"{f'-s{block_bytes}' if streaming else ''}")
         self._ring = ring
         self._sock_buf = sock_buf_bytes
+        self._send_buf = send_buf_bytes
         self._congestion = tuple(tcp_congestion)
         self.block_bytes = block_bytes
         self.streaming = streaming
@@ -211,6 +213,17 @@ class NodeEngine(Pipeline, Streaming):
         """The distinct congestion controls of the links, sorted (``"?"``: unknown or closed)."""
         return sorted({c or "?" for c in self.link_congestion().values()})
 
+    def send_buffers(self) -> list[int]:
+        """The distinct SO_SNDBUF sizes of the open links as the kernel reports them (twice what was
+        asked for: the kernel's bookkeeping share), sorted."""
+        out = set()
+        for lk in self._links:
+            try:
+                out.add(lk.fs.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+            except OSError:
+                continue
+        return sorted(out)
+
     def express_link(self) -> Link:
         """The tree-0 link of a two-node engine, which carries the :mod:`.express` frames."""
         if self.nnodes != 2 or not self._links:
@@ -244,7 +257,7 @@ class NodeEngine(Pipeline, Streaming):
             acceptor = Acceptor(listener, me=self.node, nnodes=self.nnodes, layout=self._layout_key,
                                 token=self.token, expected=expected, limits=limits,
                                 buf_bytes=self._sock_buf, on_link=lambda c, t, fs: got.__setitem__((c, t), fs),
-                                congestion=self._congestion)
+                                congestion=self._congestion, send_buf_bytes=self._send_buf)
             acceptor.thread.start()
         dialed: dict[int, FramedSocket] = {}
         try:
@@ -312,7 +325,8 @@ class NodeEngine(Pipeline, Streaming):
             try:
                 return dial(self.addresses[parent], me=self.node, tree=tree, nnodes=self.nnodes,
                             layout=self._layout_key, token=self.token, limits=limits,
-                            buf_bytes=self._sock_buf, timeout_s=min(left, 2.0), congestion=self._congestion)
+                            buf_bytes=self._sock_buf, timeout_s=min(left, 2.0), congestion=self._congestion,
+                            send_buf_bytes=self._send_buf)
             except (OSError, DeadlineExceeded, Unavailable):  # not up yet, or busy: retry
                 time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
                 pause = min(pause * 2, 0.25)

@@ -641,7 +641,8 @@ class NodeComm:
             eng = NodeEngine(node_rank=self.node_rank, addresses=w.peers, zones=w.zones, token=w.settings.token,
                              chunk_bytes=w.chunk_bytes, timeout_s=self.timeout_s + ENGINE_SLACK_S,
                              block_bytes=w.settings.block_bytes, streaming=w.settings.stream,
-                             sock_buf_bytes=w.settings.sock_buf_bytes, tcp_congestion=w.settings.congestion_prefs)
+                             sock_buf_bytes=w.settings.sock_buf_bytes, tcp_congestion=w.settings.congestion_prefs,
+                             send_buf_bytes=w.settings.send_buf_bytes)
             eng.start(self.timeout_s)
             log.info("hfreduce.engine_connected", node=self.node_rank, comm=self.key,
                      congestion=",".join(eng.congestion_summary()))

@@ -46,6 +46,14 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     stream: bool = True
     #: SO_SNDBUF / SO_RCVBUF of the links between node workers; empty: the kernel's auto-tuning
     sock_buf_size: str = ""
+    #: SO_SNDBUF alone (when ``sock_buf_size`` is empty; the receive side keeps auto-tuning);
+    #: empty: auto-tuning.  Auto-tuning lets a bulk sender run up to 4 MiB ahead per link, so
+    #: with a dozen links a receiver copies data that has long left the cache.  Kept at 256K
+    #: (the kernel doubles it) on the fourteenth VM (2026-11-26, 2 cores, 1 MiB L2): in one
+    #: process switching the links' SO_SNDBUF between ops, ten alternating rounds of 8 ops,
+    #: 64 MiB fp32 took 0.83-0.91x the time of 2M on 4 nodes x 1 rank, 0.87x on 3 x 2, 0.92x on
+    #: 2 x 1, level on 2 x 4; 128K-512K all did about as well
+    send_buf_size: str = "256K"
     #: TCP congestion controls for those links, tried in order (comma list); empty: the system
     #: default.  Not BBR by default: its pacing costs CPU per byte and throughput on short
     #: links (``fireflyer.wire.conn.set_congestion``); reno is allowed to every process
@@ -82,6 +90,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     def sock_buf_bytes(self) -> int | None:
         return parse_size(self.sock_buf_size, "sock_buf_size") if self.sock_buf_size else None
 
+    @property
+    def send_buf_bytes(self) -> int | None:
+        return parse_size(self.send_buf_size, "send_buf_size") if self.send_buf_size else None
+
     def __post_init__(self) -> None:
         if parse_size(self.chunk_size) < 64:
             raise SettingsError(f"chunk_size must be at least 64 bytes, got {self.chunk_size!r}",
@@ -89,9 +101,11 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
         if parse_size(self.block_size, "block_size") < 4096:
             raise SettingsError(f"block_size must be at least 4K, got {self.block_size!r}",
                                 key="block_size", expected="size >= 4K")
-        if self.sock_buf_size and parse_size(self.sock_buf_size, "sock_buf_size") < 4096:
-            raise SettingsError(f"sock_buf_size must be empty (auto-tuning) or at least 4K, got {self.sock_buf_size!r}",
-                                key="sock_buf_size", expected="size >= 4K or empty")
+        for key in ("sock_buf_size", "send_buf_size"):
+            value = getattr(self, key)
+            if value and parse_size(value, key) < 4096:
+                raise SettingsError(f"{key} must be empty (auto-tuning) or at least 4K, got {value!r}",
+                                    key=key, expected="size >= 4K or empty")
         bad = [x for x in self.congestion_prefs if not _CC_NAME.fullmatch(x)]
         if bad:
             raise SettingsError(f"tcp_congestion: {bad[0]!r} is not a congestion control name (a comma list such "

@@ -312,7 +312,9 @@ class Worker:
                          "error": str(c.error) if c.error else "", "next_seq": c.next_seq, "fast_ops": c.fast_ops,
                          "posted_ops": c.posted_ops, "express_ops": c.express_ops,
                          # the TCP congestion control of the engine's links (FF_HFREDUCE_TCP_CONGESTION)
-                         "congestion": c.engine.congestion_summary() if c.engine is not None else []}
+                         "congestion": c.engine.congestion_summary() if c.engine is not None else [],
+                         # their SO_SNDBUF as the kernel reports it (FF_HFREDUCE_SEND_BUF_SIZE, doubled)
+                         "send_buffers": c.engine.send_buffers() if c.engine is not None else []}
                      for k, c in self._comms.items()}
         return {"node_rank": self.node_rank, "nnodes": self.nnodes, "pid": os.getpid(),
                 "local_world_size": self.local_world_size, "chunk_bytes": self.chunk_bytes,

@@ -112,12 +112,17 @@ def _timeval(seconds: float | None) -> bytes:
 
 
 def tune_socket(sock: socket.socket, *, io_timeout_s: float | None, buf_bytes: int | None = None,
-                congestion: Sequence[str] = ()) -> None:
+                congestion: Sequence[str] = (), send_buf_bytes: int | None = None) -> None:
     """Blocking mode, no Nagle, kernel-side I/O timeouts, optional fixed socket buffers and
     congestion control (:func:`set_congestion`; empty: the system default).
 
     ``buf_bytes`` None keeps Linux's buffer auto-tuning, which usually beats a fixed size
     (a fixed SO_RCVBUF is capped by ``net.core.rmem_max`` and turns auto-tuning off).
+    ``send_buf_bytes`` (used when ``buf_bytes`` is None) fixes SO_SNDBUF alone: the kernel
+    keeps twice that for the unacknowledged bytes of the connection, and the receive side
+    keeps its auto-tuning.  HFReduce's links use it: a sender that runs megabytes ahead
+    leaves its receiver copying from memory instead of the cache (see
+    :attr:`fireflyer.hfreduce.settings.WorkerSettings.send_buf_size`).
     """
     sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -126,6 +131,8 @@ def tune_socket(sock: socket.socket, *, io_timeout_s: float | None, buf_bytes: i
     if buf_bytes:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buf_bytes)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buf_bytes)
+    elif send_buf_bytes:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buf_bytes)
     set_io_timeout(sock, io_timeout_s)
 
 

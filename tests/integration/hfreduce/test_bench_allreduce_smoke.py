@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,8 @@ def test_two_nodes_vs_gloo_with_bound(tmp_path: Path, capsys: pytest.CaptureFixt
     cc = doc["tcp_congestion"]
     assert cc["hfreduce"] == cc["anchors"] and cc["gloo"] == cc["system"]
     assert cc["hfreduce"] in ("cubic", "reno")  # the workers' default prefers these to the system's
+    assert doc["socket_buffers"]["links_send_buf_bytes"] == 256 << 10  # the workers' default
+    assert doc["socket_buffers"]["links_buf_bytes"] is None
 
 
 def test_one_node_two_ranks_bf16_json_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
@@ -61,8 +64,27 @@ def test_one_node_two_ranks_bf16_json_on_stdout(capsys: pytest.CaptureFixture[st
         assert e["floor_time_s"] is None  # sizes under 1 MiB have no floor
 
 
-def test_loopback_anchor_is_positive() -> None:
-    assert loopback_capacity(2, 1 << 20, target_bytes=64e6, repeats=2) > 0
+def test_loopback_anchor_is_positive_and_alternates_the_socket_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The anchor's trials take the given socket buffers in turn (the links' and auto-tuning) and keep
+    the best; each trial's sockets really have the buffers it was given."""
+    from fireflyer.hfreduce import bench_allreduce as ba
+
+    seen: list[tuple[object, int]] = []
+    real_pair = ba.loopback_pair
+
+    def pair(src: int, dst: int, congestion=(), buffers=(None, None)):  # type: ignore[no-untyped-def]
+        tx, rx = real_pair(src, dst, congestion, buffers)
+        seen.append((buffers, tx.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)))
+        return tx, rx
+
+    monkeypatch.setattr(ba, "loopback_pair", pair)
+    with socket.socket() as fresh:
+        auto = fresh.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    links = (None, 96 << 10)
+    assert loopback_capacity(2, 1 << 20, target_bytes=64e6, repeats=3, buffers=[links, (None, None)]) > 0
+    assert [b for b, _ in seen] == [links] * 2 + [(None, None)] * 2 + [links] * 2
+    assert {n for b, n in seen if b == links} == {192 << 10}
+    assert all(n != 192 << 10 for b, n in seen if b != links) and auto != 192 << 10
 
 
 def test_runs_report_medians_and_keep_every_run(capsys: pytest.CaptureFixture[str]) -> None:

@@ -55,6 +55,14 @@ def test_worker_socket_buffer_size_is_auto_tuned_unless_set() -> None:
         load_worker_settings(env={"FF_HFREDUCE_SOCK_BUF_SIZE": "100"})
 
 
+def test_worker_send_buffer_is_fixed_at_256k_unless_told() -> None:
+    assert load_worker_settings(env={}).send_buf_bytes == 256 << 10
+    assert load_worker_settings(env={"FF_HFREDUCE_SEND_BUF_SIZE": "1M"}).send_buf_bytes == 1 << 20
+    assert load_worker_settings(env={"FF_HFREDUCE_SEND_BUF_SIZE": ""}).send_buf_bytes is None  # auto-tuning
+    with pytest.raises(SettingsError, match="send_buf_size"):
+        load_worker_settings(env={"FF_HFREDUCE_SEND_BUF_SIZE": "2k"})
+
+
 def test_worker_links_avoid_the_system_congestion_control_unless_told() -> None:
     assert load_worker_settings(env={}).congestion_prefs == ("cubic", "reno")
     assert load_worker_settings(env={"FF_HFREDUCE_TCP_CONGESTION": " reno "}).congestion_prefs == ("reno",)

@@ -116,3 +116,18 @@ def test_congestion_control_is_the_first_the_kernel_allows() -> None:
     with socket.socket() as s:
         tune_socket(s, io_timeout_s=None, congestion=("no_such_cc", "reno"))
         assert congestion_of(s) == "reno"
+
+
+def test_tune_socket_fixes_the_send_buffer_alone_or_both() -> None:
+    """``send_buf_bytes`` fixes SO_SNDBUF only (the kernel doubles it) and leaves SO_RCVBUF as a fresh
+    socket has it; ``buf_bytes`` fixes both and wins over ``send_buf_bytes``."""
+    from fireflyer.wire.conn import tune_socket
+
+    def bufs(s: socket.socket) -> tuple[int, int]:
+        return s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF), s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+
+    with socket.socket() as fresh, socket.socket() as s, socket.socket() as both:
+        tune_socket(s, io_timeout_s=None, send_buf_bytes=96 << 10)
+        assert bufs(s) == (192 << 10, bufs(fresh)[1])
+        tune_socket(both, io_timeout_s=None, buf_bytes=64 << 10, send_buf_bytes=96 << 10)
+        assert bufs(both) == (128 << 10, 128 << 10)
