@@ -79,6 +79,7 @@ import numpy as np
 
 from fireflyer.core.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from fireflyer.core.log import get_logger
+from fireflyer.core.threadname import set_os_thread_name
 from fireflyer.hfreduce import kernels
 from fireflyer.hfreduce._blocks import BLOCK_BYTES
 from fireflyer.hfreduce._links import CHILD, PARENT, Acceptor, Link, dial, parse_address
@@ -339,7 +340,11 @@ class NodeEngine(Pipeline, Streaming):
         self._links.append(link)
 
     def _spawn(self, fn: Callable[..., None], arg: object, name: str) -> None:
-        th = threading.Thread(target=fn, args=(arg,), name=name, daemon=True)
+        def run() -> None:
+            set_os_thread_name(name.removeprefix("hfr-"))  # "read-2-t0-n1" in top -H and perf
+            fn(arg)
+
+        th = threading.Thread(target=run, name=name, daemon=True)
         self._threads.append(th)
         th.start()
 

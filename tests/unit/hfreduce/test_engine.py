@@ -423,6 +423,25 @@ def test_links_use_the_congestion_control_asked_for_at_both_ends(prefs: tuple[st
         close_all(engines)
 
 
+def test_engine_threads_carry_their_names_in_the_kernel() -> None:
+    """top -H / perf / /proc show which engine thread is which (not 15 threads called python)."""
+    import os
+    import threading
+
+    engines = make_engines(3)
+    try:
+        comms = {}
+        for th in threading.enumerate():
+            if th.name.startswith("hfr-") and th.native_id is not None:
+                with open(f"/proc/{os.getpid()}/task/{th.native_id}/comm") as f:
+                    comms[th.name] = f.read().strip()
+        assert comms["hfr-up-0-t1"] == "up-0-t1" and comms["hfr-fill-2"] == "fill-2"
+        assert sum(c.startswith("read-") for c in comms.values()) == 8, comms  # a reader per link end
+        assert all(c == n.removeprefix("hfr-")[:15] for n, c in comms.items()), comms
+    finally:
+        close_all(engines)
+
+
 def test_link_congestion_of_a_closed_engine_is_unknown_not_an_error() -> None:
     engines = make_engines(2, tcp_congestion=("reno",))
     assert [e.congestion_summary() for e in engines] == [["reno"], ["reno"]]
