@@ -18,7 +18,7 @@ Per run, for every size:
 - **socket buffers**: the links fix SO_SNDBUF (``FF_HFREDUCE_SEND_BUF_SIZE``, 256K) and
   Gloo's sockets auto-tune; the anchors' trials alternate between the links' buffers and
   the kernel's auto-tuning and keep the best, so they are ceilings for either (on the
-  fourteenth VM the fixed buffer alone took the loopback anchor from 3.5-4.3 to 5.4-6.3
+  fifteenth VM the fixed buffer alone took the loopback anchor (4 pairs) from 3.5-4.3 to 5.4-6.2
   GB/s); the JSON's ``socket_buffers`` says what the links had;
 - **placement** (``--cpu-bind``, default ``node``): both sides run under the same
   launcher plan, so rank r of either side is bound to the CPU share of node

@@ -49,7 +49,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     #: SO_SNDBUF alone (when ``sock_buf_size`` is empty; the receive side keeps auto-tuning);
     #: empty: auto-tuning.  Auto-tuning lets a bulk sender run up to 4 MiB ahead per link, so
     #: with a dozen links a receiver copies data that has long left the cache.  Kept at 256K
-    #: (the kernel doubles it) on the fourteenth VM (2026-11-26, 2 cores, 1 MiB L2): in one
+    #: (the kernel doubles it) on the fifteenth VM (2026-11-26, 2 cores, 1 MiB L2): in one
     #: process switching the links' SO_SNDBUF between ops, ten alternating rounds of 8 ops,
     #: 64 MiB fp32 took 0.83-0.91x the time of 2M on 4 nodes x 1 rank, 0.87x on 3 x 2, 0.92x on
     #: 2 x 1, level on 2 x 4; 128K-512K all did about as well
