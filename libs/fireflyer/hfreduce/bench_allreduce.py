@@ -369,12 +369,23 @@ def _cc_caption(cc: dict[str, str | None] | None) -> str:
     return f"tcp {cc.get('hfreduce')} (ours, anchors) / {cc.get('gloo')} (Gloo, system default), "
 
 
+def _buf_caption(bufs: dict[str, Any] | None) -> str:
+    """What the links' socket buffers were (results from before ``socket_buffers`` existed: nothing)."""
+    if not bufs:
+        return ""
+    if bufs.get("links_buf_bytes"):
+        return f"SO_SNDBUF/SO_RCVBUF {fmt_size(bufs['links_buf_bytes'])} (ours), "
+    send = bufs.get("links_send_buf_bytes")
+    return f"SO_SNDBUF {fmt_size(send)} (ours), " if send else "socket buffers auto-tuned (ours), "
+
+
 def markdown_table(result: dict[str, Any]) -> str:
     """The table as GitHub markdown (for the README), with the run's shape and anchors in a caption."""
     head, rows = table_rows(result)
     lines = [f"{result['nodes']} nodes x {result['local_ranks']} local ranks ({result['world_size']} ranks), "
              f"{result['dtype']}, {result['cpu_count']} CPUs, cpu-bind {result.get('cpu_bind', 'none')}, "
              f"torch {result['torch_version']}, {_cc_caption(result.get('tcp_congestion'))}"
+             f"{_buf_caption(result.get('socket_buffers'))}"
              f"git {str(result['git_sha'])[:10]}"
              + (f", medians of {result['runs']} runs" if result.get("runs", 1) > 1 else ""), "",
              "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]

@@ -185,3 +185,10 @@ def test_bench_table_formats_missing_anchors_as_dashes() -> None:
     assert table_rows(result)[1][0][9:] == ["40.0 ms", "80%", "5.00x"]
     md = markdown_table(result).splitlines()
     assert md[2] == "| " + " | ".join(head) + " |" and md[4].startswith("| 64M | 50.0 ms |")
+    assert "SO_SNDBUF" not in md[0]  # a result from before socket_buffers existed says nothing about them
+    result["socket_buffers"] = {"links_buf_bytes": None, "links_send_buf_bytes": 256 << 10}
+    assert "SO_SNDBUF 256K (ours), git abc" in markdown_table(result).splitlines()[0]
+    result["socket_buffers"] = {"links_buf_bytes": None, "links_send_buf_bytes": None}
+    assert "socket buffers auto-tuned (ours)" in markdown_table(result)
+    result["socket_buffers"] = {"links_buf_bytes": 1 << 20, "links_send_buf_bytes": 256 << 10}
+    assert "SO_SNDBUF/SO_RCVBUF 1M (ours)" in markdown_table(result)
