@@ -52,7 +52,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     #: (the kernel doubles it) on the fifteenth VM (2026-11-26, 2 cores, 1 MiB L2): in one
     #: process switching the links' SO_SNDBUF between ops, ten alternating rounds of 8 ops,
     #: 64 MiB fp32 took 0.83-0.91x the time of 2M on 4 nodes x 1 rank, 0.87x on 3 x 2, 0.92x on
-    #: 2 x 1, level on 2 x 4; 128K-512K all did about as well
+    #: 2 x 1, level on 2 x 4; 128K-512K all did about as well.  Tuned on loopback: between hosts
+    #: a connection carries at most its send buffer per round trip, so there it must be at
+    #: least the bandwidth-delay product (or empty)
     send_buf_size: str = "256K"
     #: TCP congestion controls for those links, tried in order (comma list); empty: the system
     #: default.  Not BBR by default: its pacing costs CPU per byte and throughput on short
