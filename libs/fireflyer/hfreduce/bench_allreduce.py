@@ -15,7 +15,7 @@ Per run, for every size:
   CPU per byte on loopback); Gloo's sockets keep the system default.  The anchors below
   use what our links use, so they stay ceilings; the JSON's ``tcp_congestion`` says
   what each side had;
-- **socket buffers**: the links fix SO_SNDBUF (``FF_HFREDUCE_SEND_BUF_SIZE``, 256K) and
+- **socket buffers**: the links fix SO_SNDBUF (``FF_HFREDUCE_SEND_BUF_SIZE``, 256K under the launcher) and
   Gloo's sockets auto-tune; the anchors' trials alternate between the links' buffers and
   the kernel's auto-tuning and keep the best, so they are ceilings for either (on the
   fifteenth VM the fixed buffer alone took the loopback anchor (4 pairs) from 3.5-4.3 to 5.4-6.2
@@ -70,7 +70,7 @@ from . import _blocks
 from .bench_floor import Floor, SocketBuffers, loopback_pair, measure_floor
 from .bench_runs import fmt_size, spread_lines, summarize_runs
 from .launch import Launcher, print_line
-from .launch_plan import LaunchOptions, node_cpus
+from .launch_plan import LaunchOptions, node_cpus, worker_env
 from .settings import load_worker_settings
 
 __all__ = ["main", "run_bench", "loopback_capacity", "busbw", "table_rows", "markdown_table", "RankResults"]
@@ -271,7 +271,7 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
     anchor_sizes = sorted({s for s in sizes if s >= _MIN_BOUND_BYTES}) if bound and nodes > 1 else []
     floor_sizes = sorted({s for s in sizes if s >= _MIN_BOUND_BYTES}) if floor else []
     itemsize = 4 if dtype == "fp32" else 2
-    ws = load_worker_settings()
+    ws = load_worker_settings(env=worker_env(os.environ))  # as the launcher's workers will load them
     cc = ws.congestion_prefs  # what the launched workers' links will use
     # the links' socket buffers, and the kernel's auto-tuning: the anchors take the best of both
     bufs: list[SocketBuffers] = list(dict.fromkeys([(ws.sock_buf_bytes, ws.send_buf_bytes), (None, None)]))

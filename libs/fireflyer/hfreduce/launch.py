@@ -58,6 +58,7 @@ from .launch_plan import (
     coord_note,
     make_plan,
     with_node_ranks,
+    worker_env,
 )
 
 __all__ = ["Launcher", "LaunchOptions", "WorkerStartError", "LineSink", "print_line", "exit_code_of",
@@ -240,7 +241,7 @@ class Launcher:
     # -- workers -------------------------------------------------------------------------------------------------
 
     def _start_workers(self, plan: LaunchPlan) -> None:
-        env = dict(self.env)
+        env = worker_env(self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         for node in plan.nodes:
             child = _Child(f"worker {node.node_rank}", self._popen(node.argv, env, merge_stderr=True, cpus=node.cpus))

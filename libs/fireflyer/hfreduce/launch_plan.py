@@ -51,6 +51,8 @@ __all__ = [
     "coord_note",
     "with_node_ranks",
     "node_cpus",
+    "worker_env",
+    "LOOPBACK_SEND_BUF",
     "CPU_BIND_MODES",
     "MAX_NODES",
     "WORKER_MODULE",
@@ -124,6 +126,22 @@ def node_address(node_rank: int) -> str:
         raise InvalidArgument(f"node rank {node_rank} has no loopback address (at most {MAX_NODES} nodes)",
                               node=node_rank)
     return f"127.0.0.{node_rank + 1}"
+
+
+#: the links' SO_SNDBUF of simulated nodes (``FF_HFREDUCE_SEND_BUF_SIZE``): on loopback a sender
+#: that auto-tunes to 4 MiB runs so far ahead that its receiver copies from memory, not the
+#: cache (see :class:`fireflyer.hfreduce.settings.WorkerSettings`); between hosts the kernel's
+#: auto-tuning stays the default, as a fixed buffer caps a connection at one buffer per round trip
+LOOPBACK_SEND_BUF = "256K"
+
+
+def worker_env(base_env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the launcher's workers: ``base_env``, with the loopback links' send
+    buffer (:data:`LOOPBACK_SEND_BUF`) unless ``FF_HFREDUCE_SEND_BUF_SIZE`` is set there (even
+    empty: auto-tuning asked for)."""
+    env = dict(base_env)
+    env.setdefault("FF_HFREDUCE_SEND_BUF_SIZE", LOOPBACK_SEND_BUF)
+    return env
 
 
 def node_cpus(nodes: int, allowed: Sequence[int]) -> list[tuple[int, ...] | None]:

@@ -47,15 +47,15 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     #: SO_SNDBUF / SO_RCVBUF of the links between node workers; empty: the kernel's auto-tuning
     sock_buf_size: str = ""
     #: SO_SNDBUF alone (when ``sock_buf_size`` is empty; the receive side keeps auto-tuning);
-    #: empty: auto-tuning.  Auto-tuning lets a bulk sender run up to 4 MiB ahead per link, so
-    #: with a dozen links a receiver copies data that has long left the cache.  Kept at 256K
-    #: (the kernel doubles it) on the fifteenth VM (2026-11-26, 2 cores, 1 MiB L2): in one
+    #: empty (the default): auto-tuning, right between hosts, where a connection carries at most
+    #: its send buffer per round trip.  ``ff launch``, whose nodes share one host's loopback,
+    #: sets 256K (``launch_plan.LOOPBACK_SEND_BUF``; the kernel doubles it): there auto-tuning lets
+    #: a bulk sender run up to 4 MiB ahead per link, so with a dozen links a receiver copies data
+    #: that has long left the cache.  On the fifteenth VM (2026-11-26, 2 cores, 1 MiB L2), in one
     #: process switching the links' SO_SNDBUF between ops, ten alternating rounds of 8 ops,
     #: 64 MiB fp32 took 0.83-0.91x the time of 2M on 4 nodes x 1 rank, 0.87x on 3 x 2, 0.92x on
-    #: 2 x 1, level on 2 x 4; 128K-512K all did about as well.  Tuned on loopback: between hosts
-    #: a connection carries at most its send buffer per round trip, so there it must be at
-    #: least the bandwidth-delay product (or empty)
-    send_buf_size: str = "256K"
+    #: 2 x 1, level on 2 x 4; 128K-512K all did about as well
+    send_buf_size: str = ""
     #: TCP congestion controls for those links, tried in order (comma list); empty: the system
     #: default.  Not BBR by default: its pacing costs CPU per byte and throughput on short
     #: links (``fireflyer.wire.conn.set_congestion``); reno is allowed to every process

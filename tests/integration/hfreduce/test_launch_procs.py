@@ -42,6 +42,7 @@ STAND_IN = textwrap.dedent("""
               flush=True)
     print(f"pid={os.getpid()}", flush=True)
     print(f"cpus={sorted(os.sched_getaffinity(0))}", flush=True)
+    print(f"send_buf={os.environ.get('FF_HFREDUCE_SEND_BUF_SIZE', '<unset>')}", flush=True)
     if os.environ.get("STANDIN_DIE_NODE") == me:
         time.sleep(0.5)
         print("engine crashed", flush=True)
@@ -133,6 +134,23 @@ def test_all_ranks_succeed_output_prefixed_workers_stopped(stand_in: list[str]) 
     assert [ln for ln in lines.of("worker 0") if ln.startswith("pid=")]
     assert_nothing_left(la.pids)
     assert la.plan is not None and not Path(la.plan.run_dir).exists()  # temp run dir removed
+
+
+def test_workers_get_the_loopback_send_buffer_unless_the_environment_says(stand_in: list[str],
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher's nodes share loopback: their workers' links get a fixed 256K SO_SNDBUF, unless
+    FF_HFREDUCE_SEND_BUF_SIZE is set, even empty (auto-tuning); the ranks' environment is left alone."""
+    monkeypatch.delenv("FF_HFREDUCE_SEND_BUF_SIZE", raising=False)
+    code = "import os; print('rank sees', os.environ.get('FF_HFREDUCE_SEND_BUF_SIZE', '<unset>'))"
+    la, lines = make(stand_in, code, nodes=2, local=1)
+    assert la.run() == 0
+    assert [ln for n in range(2) for ln in lines.of(f"worker {n}") if ln.startswith("send_buf=")] == \
+        ["send_buf=256K"] * 2
+    assert lines.of("rank 0", "stdout") == ["rank sees <unset>"]
+    for given in ("", "1M"):
+        la, lines = make(stand_in, code, nodes=1, local=1, env={"FF_HFREDUCE_SEND_BUF_SIZE": given})
+        assert la.run() == 0
+        assert f"send_buf={given}" in lines.of("worker 0")
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="binding needs at least two CPUs to split")

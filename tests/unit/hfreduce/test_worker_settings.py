@@ -55,12 +55,19 @@ def test_worker_socket_buffer_size_is_auto_tuned_unless_set() -> None:
         load_worker_settings(env={"FF_HFREDUCE_SOCK_BUF_SIZE": "100"})
 
 
-def test_worker_send_buffer_is_fixed_at_256k_unless_told() -> None:
-    assert load_worker_settings(env={}).send_buf_bytes == 256 << 10
+def test_worker_send_buffer_auto_tunes_unless_told_and_the_launcher_tells_it_256k() -> None:
+    from fireflyer.hfreduce.launch_plan import LOOPBACK_SEND_BUF, worker_env
+
+    assert load_worker_settings(env={}).send_buf_bytes is None  # between hosts: the kernel's auto-tuning
     assert load_worker_settings(env={"FF_HFREDUCE_SEND_BUF_SIZE": "1M"}).send_buf_bytes == 1 << 20
-    assert load_worker_settings(env={"FF_HFREDUCE_SEND_BUF_SIZE": ""}).send_buf_bytes is None  # auto-tuning
     with pytest.raises(SettingsError, match="send_buf_size"):
         load_worker_settings(env={"FF_HFREDUCE_SEND_BUF_SIZE": "2k"})
+    # ff launch's nodes share loopback: 256K unless the environment says otherwise (empty: auto-tuning)
+    assert LOOPBACK_SEND_BUF == "256K"
+    assert load_worker_settings(env=worker_env({"A": "1"})).send_buf_bytes == 256 << 10
+    assert worker_env({"A": "1"}) == {"A": "1", "FF_HFREDUCE_SEND_BUF_SIZE": "256K"}
+    assert load_worker_settings(env=worker_env({"FF_HFREDUCE_SEND_BUF_SIZE": ""})).send_buf_bytes is None
+    assert load_worker_settings(env=worker_env({"FF_HFREDUCE_SEND_BUF_SIZE": "1M"})).send_buf_bytes == 1 << 20
 
 
 def test_worker_links_avoid_the_system_congestion_control_unless_told() -> None:
