@@ -115,7 +115,7 @@ class NodeEngine(Pipeline, Streaming):
     after :meth:`start`.  ``chunk_bytes`` must be equal on all nodes (checked at
     connect).  ``sock_buf_bytes`` fixes SO_SNDBUF/SO_RCVBUF (``None``: kernel
     auto-tuning); without it ``send_buf_bytes`` fixes SO_SNDBUF alone (``None``: auto-tuning;
-    see ``WorkerSettings.send_buf_size`` for why the worker fixes it).  ``tcp_congestion``: congestion controls to try
+    see ``WorkerSettings.send_buf_size`` for when to fix it).  ``tcp_congestion``: congestion controls to try
     on the links, in order (:func:`fireflyer.wire.conn.set_congestion`; empty: the system
     default).  ``block_bytes``: the block of a streamed
     op's loops (:mod:`._blocks`); ``streaming=False`` runs every op the threaded way

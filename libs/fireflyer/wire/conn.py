@@ -120,8 +120,8 @@ def tune_socket(sock: socket.socket, *, io_timeout_s: float | None, buf_bytes: i
     (a fixed SO_RCVBUF is capped by ``net.core.rmem_max`` and turns auto-tuning off).
     ``send_buf_bytes`` (used when ``buf_bytes`` is None) fixes SO_SNDBUF alone: the kernel
     keeps twice that for the unacknowledged bytes of the connection, and the receive side
-    keeps its auto-tuning.  HFReduce's links use it: a sender that runs megabytes ahead
-    leaves its receiver copying from memory instead of the cache (see
+    keeps its auto-tuning.  HFReduce's links use it on loopback (``ff launch``): a sender that
+    runs megabytes ahead leaves its receiver copying from memory instead of the cache (see
     :attr:`fireflyer.hfreduce.settings.WorkerSettings.send_buf_size`).
     """
     sock.settimeout(None)
