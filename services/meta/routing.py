@@ -26,7 +26,11 @@ from fireflyer.mgmt.registry import Heartbeat
 
 from .chains import RoutedChainTables
 
-__all__ = ["RoutingFollower"]
+__all__ = ["REFRESH_WAIT_S", "RoutingFollower"]
+
+#: how long a create naming an unknown chain table keeps asking an unreachable mgmtd
+#: (a little over the channel's longest reconnect backoff, rpc.reconnect_backoff_max_s)
+REFRESH_WAIT_S = 3.0
 
 
 class RoutingFollower:
@@ -49,15 +53,28 @@ class RoutingFollower:
         await self.cache.start()  # best effort: mgmtd may come up after meta
         self.ctx.spawn(self._heartbeat_when_serving(), name="meta.heartbeat")
 
-    async def refresh_now(self) -> bool:
-        """Pull routing info now; True if mgmtd answered.  Also True when the pull brought
+    async def refresh_now(self, wait_s: float = REFRESH_WAIT_S) -> bool:
+        """Pull routing info now; True once mgmtd answered.  Also True when the pull brought
         nothing newer: a periodic pull or a version event may have adopted the table
-        while the failed call ran, so the caller retries once either way."""
-        try:
-            await self.cache.refresh()
-            return True
-        except (Unavailable, DeadlineExceeded):
-            return False
+        while the failed call ran, so the caller retries once either way.
+
+        An unreachable mgmtd is asked again for up to ``wait_s``: a gRPC channel whose
+        last connect failed (meta came up before mgmtd) fails calls at once until its
+        next reconnect attempt, and a create right after start-up met exactly that in CI.
+        False when mgmtd never answered."""
+        deadline = asyncio.get_running_loop().time() + wait_s
+        delay = 0.05
+        while True:
+            try:
+                await self.cache.refresh()
+                return True
+            except (Unavailable, DeadlineExceeded) as e:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    self.ctx.log.warning("meta.routing_refresh_failed", error=str(e), wait_s=wait_s)
+                    return False
+                await asyncio.sleep(min(delay, left))
+                delay = min(delay * 2, 0.5)
 
     def _heartbeat(self) -> Heartbeat:
         return Heartbeat(node_id=self.ctx.instance, node_type=NodeType.META, address=self.ctx.server.address,

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from fireflyer.api.meta.v1 import meta_pb2 as pb
 from fireflyer.api.meta.v1 import meta_pb2_grpc
-from fireflyer.core.errors import InvalidArgument, NotFound
+from fireflyer.core.errors import InvalidArgument, NotFound, Unavailable
 from fireflyer.fs import meta_codec as codec
 from fireflyer.kv import KVWouldBlock
 from fireflyer.meta import Caller, FsInvalidArgument, MetaStore
@@ -157,14 +157,18 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     async def _run_layout(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         """Like :meth:`_write` for calls that pick a chain table: when the store says the
         table does not exist (an error carrying ``table``), refresh routing info from
-        mgmtd once and retry, since the cache may just not have seen it yet."""
+        mgmtd once and retry, since the cache may just not have seen it yet.  When mgmtd
+        cannot be asked (the follower gave up after its wait), the call fails Unavailable."""
         try:
             return await self._write(fn, *args, **kw)
         except (InvalidArgument, NotFound) as e:
             if self.on_unknown_table is None or "table" not in e.fields:
                 raise
             if not await self.on_unknown_table():
-                raise
+                # not "no such table": this replica could not ask.  Unavailable sends the
+                # client to another replica or a later retry instead of failing the create
+                raise Unavailable(f"{e.message}: this meta replica's routing cache lacks it and mgmtd did "
+                                  "not answer a refresh", **e.fields) from e
         return await self._write(fn, *args, **kw)
 
     # -- namespace ----------------------------------------------------------------------

@@ -47,6 +47,10 @@ class RpcSettings(msgspec.Struct, frozen=True, kw_only=True):
     keepalive_timeout_s: float = 10.0
     #: deadline a client applies to a call that sets none
     default_deadline_s: float = 30.0
+    #: longest wait between a client channel's reconnect attempts.  grpc's own default
+    #: (120 s, growing 1.6x per failed attempt) fails every call fast for up to that long
+    #: after the server is back; a service that restarts in seconds must be seen in seconds.
+    reconnect_backoff_max_s: float = 2.0
 
 
 class AuthSettings(msgspec.Struct, frozen=True, kw_only=True):

@@ -63,11 +63,26 @@ class _Channel(_AioChannel):  # type: ignore[misc]
         return _UnaryUnaryMultiCallable(inner, method, self._ff_caller)
 
 
+#: first reconnect backoff (grpc's default is 1 s); grpc adds +-20% jitter to each
+_INITIAL_RECONNECT_MS = 250
+
+
 def channel_options(settings: RpcSettings) -> list[tuple[str, int]]:
-    """grpc core channel arguments for a client built from ``settings``."""
+    """grpc core channel arguments for a client built from ``settings``.
+
+    A channel that failed to connect fails each call at once (UNAVAILABLE) until its
+    next reconnect attempt, so the backoff bounds how long a restarted service stays
+    unreachable to its clients; ``reconnect_backoff_max_s`` caps it (the jitter keeps a
+    thousand clients from reconnecting in step).  ``grpc.min_reconnect_backoff_ms`` stays
+    at its default: grpc also uses it as the shortest connect timeout, and a shorter
+    one would never outlast a dropped SYN's 1 s retransmit."""
+    max_ms = max(int(settings.reconnect_backoff_max_s * 1000), 1)
+    initial_ms = min(_INITIAL_RECONNECT_MS, max_ms)
     return [
         *common_options(settings),
         ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.initial_reconnect_backoff_ms", initial_ms),
+        ("grpc.max_reconnect_backoff_ms", max_ms),
     ]
 
 
