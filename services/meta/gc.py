@@ -48,9 +48,17 @@ from fireflyer.meta import GcItem, Layout, MetaStore, TruncateItem
 from fireflyer.meta import keys as meta_keys
 from fireflyer.storage.chunkid import ChunkId, file_range
 from fireflyer.storage.client_min import StorageClient
+from fireflyer.storage.errors import RETRY_AFTER_REFRESH
 from fireflyer.storage.protocol import OP_REMOVE_RANGE, RemoveRangeMsg, to_meta
 
 from .servicer import MetaServicer
+
+#: what a chunk removal waits out (until the storage client's retry deadline): a routing change,
+#: a head that is not serving yet (NotServing is an Unavailable, in RETRY_AFTER_REFRESH), and a
+#: chain with no head or not in the routing seen so far (NotFound).  Anything else -- a bad
+#: request, a refused token -- fails at once: truncation runs inside the caller's RPC, which
+#: must not sit out the deadline on an error that stays.
+_REMOVE_RETRY: tuple[type[FireFlyerError], ...] = (*RETRY_AFTER_REFRESH, NotFound)
 
 __all__ = ["GcSettings", "StorageCleaner", "GcWorker", "TruncatingServicer"]
 
@@ -103,7 +111,7 @@ class StorageCleaner:
                                      begin=begin, end=end)
                 reply = self.storage._call(addr, OP_REMOVE_RANGE, meta=to_meta(msg))
                 return int(reply.meta.get("removed", 0))
-            except FireFlyerError as e:
+            except _REMOVE_RETRY as e:
                 self.storage._backoff(attempt, deadline, e)  # raises when the deadline is near
                 attempt += 1
 

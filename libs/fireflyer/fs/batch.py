@@ -34,13 +34,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 
-from fireflyer.core.errors import DeadlineExceeded, FireFlyerError, NotFound, Unavailable
+from fireflyer.core.errors import FireFlyerError, NotFound, Unavailable
 from fireflyer.meta import Layout
 from fireflyer.storage.checksum import crc32c
 from fireflyer.storage.chunkid import ChunkId, split_range
 from fireflyer.storage.client_min import ReadIo, StorageClient
 from fireflyer.storage.craq import WriteAck, WriteReq
-from fireflyer.storage.errors import ChainVersionMismatch, NotHead, NotServing
+from fireflyer.storage.errors import RETRY_AFTER_REFRESH, NotServing
 from fireflyer.storage.protocol import (
     OP_BATCH_WRITE,
     OP_WRITE,
@@ -54,7 +54,6 @@ from fireflyer.storage.protocol import (
 __all__ = ["Piece", "WritePiece", "pieces_of", "read_pieces_into", "write_pieces"]
 
 Buffer = bytes | bytearray | memoryview
-_RETRY = (ChainVersionMismatch, NotHead, Unavailable, DeadlineExceeded)
 
 
 class Piece(msgspec.Struct, frozen=True):
@@ -124,7 +123,7 @@ def write_pieces(storage: StorageClient, pool: ThreadPoolExecutor, pieces: Seque
                 _, addr = storage.address(chain.head)
             except FireFlyerError as e:
                 results[i] = e
-                if isinstance(e, _RETRY):  # e.g. a chain newer than our routing: refresh and retry
+                if isinstance(e, RETRY_AFTER_REFRESH):  # e.g. a chain newer than our routing: refresh and retry
                     retry.append(i)
                     last = e
                 continue
@@ -176,7 +175,7 @@ def write_pieces(storage: StorageClient, pool: ThreadPoolExecutor, pieces: Seque
         for fut in [pool.submit(send, b) for b in batches]:
             for i, err in fut.result():
                 results[i] = err
-                if isinstance(err, _RETRY):
+                if isinstance(err, RETRY_AFTER_REFRESH):
                     retry.append(i)
                     last = err
         if not retry:

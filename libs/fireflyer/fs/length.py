@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from fireflyer.core.errors import DeadlineExceeded, FireFlyerError, PermissionDenied, Unavailable
+from fireflyer.core.errors import FireFlyerError, PermissionDenied
 from fireflyer.core.log import get_logger
 from fireflyer.meta import Layout
 from fireflyer.storage.client_min import StorageClient
-from fireflyer.storage.errors import NotServing
+from fireflyer.storage.errors import RETRY_AFTER_REFRESH, NotServing
 from fireflyer.storage.protocol import OP_QUERY_LAST, LastChunk, QueryLastMsg, to_meta
 
 if TYPE_CHECKING:
@@ -47,15 +47,16 @@ log = get_logger(__name__)
 
 def _last_on_chain(storage: StorageClient, chain_id: int, inode_id: int) -> LastChunk:
     """Ask the chain's serving targets, tail first, for the file's last chunk; on errors a
-    newer routing may cure (a chain newer than our snapshot, a node that restarted on a new
-    port: ``ff down`` then ``ff up`` on the same state dir) refresh it and retry, with
-    backoff, within the storage client's retry deadline like its reads and writes."""
+    newer routing may cure (a chain newer than our snapshot: ``NotServing`` when it is missing,
+    ``ChainVersionMismatch`` when its version moved on; a node that restarted on a new port:
+    ``ff down`` then ``ff up`` on the same state dir) refresh it and retry, with backoff,
+    within the storage client's retry deadline like its reads and writes."""
     deadline = time.monotonic() + storage.retry_deadline_s
     attempt = 0
     while True:
         try:
             return _query_last(storage, chain_id, inode_id)
-        except (Unavailable, DeadlineExceeded) as e:  # NotServing is an Unavailable
+        except RETRY_AFTER_REFRESH as e:
             storage._backoff(attempt, deadline, e)  # refreshes routing; re-raises e past the deadline
             attempt += 1
 

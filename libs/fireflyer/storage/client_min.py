@@ -75,11 +75,10 @@ from .checksum import crc32c
 from .chunkid import ChunkId, split_range
 from .craq import ReadReq, WriteAck, WriteReq
 from .errors import (
+    RETRY_AFTER_REFRESH,
     BadRequest,
-    ChainVersionMismatch,
     ChunkCorrupted,
     NotCommitted,
-    NotHead,
     NotServing,
     StorageError,
 )
@@ -109,7 +108,6 @@ __all__ = ["SendLimiter", "ConnectionPool", "ReadIo", "ReadResult", "ReadStats",
 log = get_logger(__name__)
 
 Buffer = bytes | bytearray | memoryview
-_RETRY_WRITE = (ChainVersionMismatch, NotHead, Unavailable, DeadlineExceeded)  # NotServing is Unavailable
 
 
 class SendLimiter:
@@ -360,7 +358,7 @@ class StorageClient:
                 reply = self._call(addr, OP_WRITE, data if len(data) else None,
                                    meta=to_meta(WriteMsg(target=chain.head, req=req)))
                 return msgspec.convert(reply.meta, WriteAck)
-            except _RETRY_WRITE as e:
+            except RETRY_AFTER_REFRESH as e:
                 self._backoff(attempt, deadline, e)
         raise AssertionError("unreachable")
 
@@ -411,7 +409,7 @@ class StorageClient:
         tried: list[set[int]] = [set() for _ in ios]
         todo = list(range(len(ios)))
         deadline = time.monotonic() + self.retry_deadline_s
-        retryable = (Unavailable, DeadlineExceeded, ChainVersionMismatch, ChunkCorrupted)
+        retryable = (*RETRY_AFTER_REFRESH, ChunkCorrupted)  # a corrupted replica: read another
         for attempt in itertools.count():
             retry: list[int] = []
             last: FireFlyerError | None = None

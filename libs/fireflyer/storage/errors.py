@@ -3,7 +3,8 @@
 Each one carries fields a caller can act on: ``chunk`` (the chunk id in hex), ``target``,
 ``chain`` and the versions involved.  The families follow what a client should do:
 
-- retry after refreshing routing info: :class:`ChainVersionMismatch`, :class:`NotHead`;
+- retry after refreshing routing info: :class:`ChainVersionMismatch`, :class:`NotHead`
+  (:data:`RETRY_AFTER_REFRESH` is the whole set a client retries that way);
 - back off and retry (or read relaxed): :class:`NotCommitted`, :class:`NotServing`;
 - stop and report, the data is wrong somewhere: :class:`ChecksumMismatch`,
   :class:`ChunkCorrupted` (``DATA_LOSS``);
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from fireflyer.core.errors import (
     Aborted,
+    DeadlineExceeded,
     FailedPrecondition,
     FireFlyerError,
     InvalidArgument,
@@ -34,6 +36,7 @@ __all__ = [
     "ChunkNotFound",
     "BadRequest",
     "ResyncFatal",
+    "RETRY_AFTER_REFRESH",
 ]
 
 
@@ -103,3 +106,12 @@ class ResyncFatal(StorageError, FailedPrecondition):
     """Resync found chunks with equal-or-stale chain versions but different checksums
     (research/3fs.md §3 "Recovery": fatal, forces the successor offline).  Fields:
     ``target`` and ``chunks`` (comma-separated hex ids)."""
+
+
+#: what a storage client retries, with backoff, after refreshing its routing snapshot: the chain
+#: moved on (a version newer than ours), another target heads it, a target or node is not serving
+#: or not reachable (``NotServing`` and a node that came back on a new port are ``Unavailable``),
+#: a call timed out.  One set for every path (writes, batch writes, length queries), so that no
+#: path fails on a routing change that the others ride out.
+RETRY_AFTER_REFRESH: tuple[type[FireFlyerError], ...] = (ChainVersionMismatch, NotHead, Unavailable,
+                                                         DeadlineExceeded)

@@ -185,6 +185,25 @@ def test_exact_length_refreshes_routing_older_than_the_files_chains(admin_fs: Fi
     assert storage.routing.version > 1 and storage.routing.chains
 
 
+def test_exact_length_refreshes_routing_whose_chain_version_is_behind(admin_fs: FileSystem, ffs: FileSystem,
+                                                                      workdir: str) -> None:
+    """A snapshot that names the file's chains at an older version (a second ``make demo`` on the
+    same state dir: the restarted targets bumped chain 1 from v4 to v5 after the checkpoint
+    service read routing) gets ChainVersionMismatch from storage: refresh and retry, not fail."""
+    import msgspec
+
+    path = f"{workdir}/stale-version"
+    ffs.write_bytes(path, b"v" * 11)
+    inode = ffs.stat(path)
+    assert inode.layout is not None
+    storage = admin_fs.storage
+    real = storage.routing
+    older = [msgspec.structs.replace(c, version=c.version - 1) for c in real.chains]
+    storage.routing = msgspec.structs.replace(real, chains=older, version=1)
+    assert exact_length(storage, inode.layout, inode.id) == 11
+    assert storage.routing.version == real.version
+
+
 def test_exact_length_retries_a_node_address_that_went_stale(admin_fs: FileSystem, ffs: FileSystem,
                                                             workdir: str) -> None:
     """After ``ff down`` / ``ff up`` on the same state dir the storage nodes listen on new ports
