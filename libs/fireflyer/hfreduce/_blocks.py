@@ -52,6 +52,7 @@ sockets down.
 
 from __future__ import annotations
 
+import functools
 import platform
 
 import numpy as np
@@ -61,12 +62,13 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._lowp import F32, I32
+from .caches import SYS_CACHE, cache_bytes
 from .copies import _fan_out, _plain
 from .kernels import MAX_INPUTS, _reduce_int, _reduce_typed, _reduce_typed_acc, _voidptr
 
 __all__ = ["BLOCK_BYTES", "MARKER_BYTES", "OK", "FAILED", "ABORTED", "PEER_ABORTED", "BAD_FRAME", "IO_LEN",
            "IO_WAIT_FD", "IO_WAIT_SEND", "IO_FAIL_FD", "IO_ERRNO", "IO_DONE", "IO_GOT", "T_REDUCE", "T_RECV",
-           "T_SEND", "T_COPY", "new_io", "up_chunk", "down_chunk", "framed_bytes"]
+           "T_SEND", "T_COPY", "new_io", "up_chunk", "down_chunk", "framed_bytes", "in_place_sub", "l1d_bytes"]
 
 #: bytes per block of a streamed chunk: the inputs of one block (a child's block, the output
 #: block) stay in the core's L2 (1-2 MiB on the VMs measured) while the local ranks' buffers
@@ -297,18 +299,50 @@ def _divide(fmt, addr, m, divisor):  # type: ignore[no-untyped-def]
             z[j] = z[j] // d64
 
 
-#: elements per sub-block of a root's in-place step (:func:`_reduce_in_place`): the sub-block's
-#: lines of every input, the accumulators and the result (~7 KiB for 4 ranks and a child) stay
-#: in L1 between the reduce and the stores; 4096 elements (16 KiB per stream) spill and took
-#: ~1.5x as long on the thirteenth VM (48 KiB L1d)
+#: elements per sub-block of a root's in-place step (:func:`_reduce_in_place`) when the caller
+#: does not choose (:func:`in_place_sub` does, from the machine's L1d): the sub-block's lines of
+#: every input, the accumulators and the result (~7 KiB for 4 ranks and a child) stay in L1
+#: between the reduce and the stores
 _SUB = 256
+#: :func:`in_place_sub`'s range, and the share of L1d its sub-blocks may fill: the rest is the
+#: stack, the loop's state and lines a set-associative cache places badly
+_SUB_MIN, _SUB_MAX = 64, 4096
+_L1D_SHARE = 0.75
+_L1D_DEFAULT = 32 << 10  # where sysfs does not say: the smallest L1d of the x86 cores measured
+
+
+def l1d_bytes(base: str = SYS_CACHE) -> int:
+    """The level-1 data cache of a core, in bytes, from sysfs (:data:`_L1D_DEFAULT` where it
+    cannot be read)."""
+    return cache_bytes(1, base) or _L1D_DEFAULT
+
+
+@functools.cache
+def in_place_sub(inputs: int, l1d: int | None = None) -> int:
+    """Elements per sub-block of a root's in-place step over ``inputs`` float32 streams (the
+    local ranks and the children): the largest power of two whose lines of every input and
+    of the two accumulators fill at most :data:`_L1D_SHARE` of L1d (``l1d``; default: this
+    machine's).  Bigger sub-blocks mean fewer kernel calls and longer runs of each stream
+    for the prefetchers; one that spills L1 reads its lines twice.
+
+    On the sixteenth VM (Intel family 6 model 207, 48 KiB L1d) 2 nodes x 4 ranks at 64 MiB,
+    the sub-block switched between ops in one launch (two launches, eight alternating
+    rounds): 512 elements took 0.92-0.95x the time of 256, 1024 0.88-0.95x, 2048 0.88x; this
+    rule picks 1024 there (5 streams and 2 accumulators of 4 KiB: 28 KiB) and 512 on a
+    32 KiB L1d.  The thirteenth VM, the same model, had measured 4096 at ~1.5x."""
+    budget = (l1d_bytes() if l1d is None else l1d) * _L1D_SHARE
+    per_element = 4 * (max(1, inputs) + 2)
+    sub = _SUB_MIN
+    while sub < _SUB_MAX and 2 * sub * per_element <= budget:
+        sub *= 2
+    return sub
 
 
 @njit(nogil=True, cache=True)
 def _reduce_in_place(out_base, ins, own, lo, hi, op, divisor, acc, acc2):  # type: ignore[no-untyped-def]
     """Elements [lo, hi) of the float32 ``reduce(ins)`` (left to right), divided by ``divisor``
     (> 1: ``avg``), at ``out_base + 4 * i`` *and* over every buffer in ``own`` (the local
-    ranks', which are inputs too), one sub-block of :data:`_SUB` elements at a time.
+    ranks', which are inputs too), one sub-block of ``acc.shape[0]`` elements at a time.
 
     The stores find the ranks' lines still in L1, read a moment before: no line is fetched to
     be written (as a plain store to memory would) and none bypasses the cache (as the
@@ -316,12 +350,13 @@ def _reduce_in_place(out_base, ins, own, lo, hi, op, divisor, acc, acc2):  # typ
     block was read); the dirty lines go back to memory when they are evicted.  On the
     thirteenth VM (one core's memory bandwidth ~20 GB/s each way) 4 ranks and a child over
     64 MiB took 22-24 ms this way against 37-47 ms reduce-then-copy.  ``acc``/``acc2``: float32
-    room of :data:`_SUB` elements each.
+    room of one sub-block each (:func:`in_place_sub` elements).
     """
     tag = np.float32(0)
     k = own.shape[0]
-    for a in range(lo, hi, _SUB):
-        b = min(hi, a + _SUB)
+    sub = acc.shape[0]
+    for a in range(lo, hi, sub):
+        b = min(hi, a + sub)
         m = b - a
         _reduce_typed_acc(tag, out_base, F32, ins, 4, a, b, op, acc, acc2)
         src = out_base + a * 4
@@ -392,7 +427,7 @@ def _new_state(inputs, io):  # type: ignore[no-untyped-def]
 
 @njit(nogil=True, cache=True)
 def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent, mirrors, divisor,
-             a, b, blk, io, abort, times):  # type: ignore[no-untyped-def]
+             a, b, blk, io, abort, times, sub):  # type: ignore[no-untyped-def]
     """Elements [a, b) of one tree's up step, block by block (see the module docs).
 
     ``own``: base addresses of the local inputs (element ``i`` of input ``r`` at
@@ -402,8 +437,10 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
     ``parent >= 0``: the block goes from ``scratch`` (one block of room) to the
     parent.  ``parent < 0`` (the root): it lands in ``work`` (element ``i`` at
     ``work + i * isz``), is divided by ``divisor`` (> 1: ``avg``), sent down to every
-    child and copied into every ``mirrors`` address.  Returns OK, FAILED, ABORTED,
-    PEER_ABORTED or BAD_FRAME; on all but OK every outgoing frame is ended first.
+    child and copied into every ``mirrors`` address.  ``sub``: elements per sub-block of
+    a root's in-place step (the engine passes :func:`in_place_sub`; 0: :data:`_SUB`).
+    Returns OK, FAILED, ABORTED, PEER_ABORTED or BAD_FRAME; on all but OK every outgoing
+    frame is ended first.
     """
     k = own.shape[0]
     m = fds.shape[0]
@@ -422,8 +459,9 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
     # case): then each sub-block's result is stored over the ranks' lines just read (see
     # _reduce_in_place), and only the sends down read the block from ``scratch``
     in_place = stage and fmt == F32 and not wide and _is_own(own, work, mirrors)
-    acc = np.empty(_SUB if in_place else 0, np.float32)
-    acc2 = np.empty(_SUB if in_place else 0, np.float32)
+    n_sub = sub if sub > 0 else _SUB
+    acc = np.empty(n_sub if in_place else 0, np.float32)
+    acc2 = np.empty(n_sub if in_place else 0, np.float32)
     if parent >= 0:
         outs = np.full(1, parent, np.int64)
         spare = scratch  # an aborted block's bytes: any block-sized room of ours
@@ -517,7 +555,7 @@ def warm_up() -> None:
     io, abort, times = new_io(1), np.zeros(1, np.int64), np.zeros(4)
     none = np.zeros(0, np.int64)
     up_chunk(F32, 0, 4, np.zeros(1, np.int64), none, np.zeros((1, 0), np.uint8), np.zeros(1, np.int64), none,
-             0, 0, -1, none, 1, 0, 0, 1, io, abort, times)
+             0, 0, -1, none, 1, 0, 0, 1, io, abort, times, in_place_sub(1))
     down_chunk(-1, np.zeros(0, np.uint8), 0, 0, none, none, 4, 0, 0, 1, io, abort, times)
 
 

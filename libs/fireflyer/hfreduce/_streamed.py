@@ -288,7 +288,7 @@ class Streaming:
                 so.fmt, so.opcode, st.isz, so.own, self._child_fds[t], pre, pre_len, buf.slot_addrs,
                 buf.scratch.ctypes.data, st.work.ctypes.data, parent.fs.sock.fileno() if parent is not None else -1,
                 so.mirrors if parent is None else _EMPTY, st.avg_divisor if parent is None else 1,
-                a, b, so.blk, buf.io, self._abort, buf.times))
+                a, b, so.blk, buf.io, self._abort, buf.times, B.in_place_sub(len(so.own) + m)))
             dt = time.perf_counter() - t0
         finally:
             ended = int(buf.io[B.IO_FAIL_FD]) if rc in (B.PEER_ABORTED, B.BAD_FRAME) else -1

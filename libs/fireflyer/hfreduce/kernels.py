@@ -77,7 +77,6 @@ from numba.extending import intrinsic, overload
 from numba.np.numpy_support import as_dtype
 
 from fireflyer.core.errors import InvalidArgument
-from fireflyer.core.sizes import parse_size
 from fireflyer.hfreduce._lowp import (
     BF16,
     E4M3,
@@ -95,6 +94,7 @@ from fireflyer.hfreduce._lowp import (
     enc_e5m2,
     enc_f16,
 )
+from fireflyer.hfreduce.caches import cache_bytes
 
 __all__ = [
     "BLOCK",
@@ -206,25 +206,6 @@ def dtype_name(dt: np.dtype) -> str:
     return name if name is not None else np.dtype(dt).name
 
 
-def l2_cache_bytes(base: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
-    """Size of CPU 0's level-2 cache from sysfs (``index*/level`` and ``size``), or None where
-    it is not listed."""
-    try:
-        entries = os.listdir(base)
-    except OSError:
-        return None
-    for e in sorted(entries):
-        try:
-            with open(f"{base}/{e}/level") as f:
-                if f.read().strip() != "2":
-                    continue
-            with open(f"{base}/{e}/size") as f:
-                return parse_size(f.read(), what="l2 cache size")  # sysfs writes "1024K"
-        except (OSError, InvalidArgument):
-            continue
-    return None
-
-
 def stream_block(l2_bytes: int | None) -> int:
     """float32 elements per block of the non-temporal sum: its two accumulators fill half of L2.
 
@@ -245,7 +226,7 @@ def stream_block(l2_bytes: int | None) -> int:
 
 
 #: elements per block of :func:`_reduce_stream`, for this machine's L2
-STREAM_BLOCK = stream_block(l2_cache_bytes())
+STREAM_BLOCK = stream_block(cache_bytes(2))
 
 
 def default_threads() -> int:

@@ -17,7 +17,7 @@ from fireflyer.core import sizes
 from fireflyer.core.errors import InvalidArgument, SettingsError
 from fireflyer.core.settings import load_settings
 
-__all__ = ["WorkerSettings", "parse_size", "load_worker_settings", "ENV_PREFIX"]
+__all__ = ["WorkerSettings", "parse_size", "load_worker_settings", "ENV_PREFIX", "MIN_SOCK_BUF"]
 
 ENV_PREFIX = "FF_HFREDUCE"
 
@@ -31,6 +31,15 @@ def parse_size(text: str | int, key: str = "chunk_size") -> int:
         return sizes.parse_size(text, what=key)
     except InvalidArgument as e:
         raise SettingsError(e.message, key=key, expected="size") from None
+
+
+#: the smallest fixed socket buffer of the links (``sock_buf_size``, ``send_buf_size``): the kernel
+#: doubles the value asked for, and a loopback segment is ~64 KiB, so below 64K a link holds
+#: under two segments and stalls between them.  On the sixteenth VM (2026-11-26) one loopback
+#: stream of 512 KiB blocks carried 2 MB/s with 32K (neither TCP_NODELAY nor TCP_QUICKACK helped:
+#: not Nagle, not delayed ACKs) and 3.0-3.5 GB/s with 48K against 5.8 GB/s with 64K; 4 nodes x 1
+#: rank at 64 MiB took 1.5-1.9x the time of 256K with 40K and 48K, 70x (6.4 s per op) with 32K
+MIN_SOCK_BUF = 64 << 10
 
 
 class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -105,9 +114,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
                                 key="block_size", expected="size >= 4K")
         for key in ("sock_buf_size", "send_buf_size"):
             value = getattr(self, key)
-            if value and parse_size(value, key) < 4096:
-                raise SettingsError(f"{key} must be empty (auto-tuning) or at least 4K, got {value!r}",
-                                    key=key, expected="size >= 4K or empty")
+            if value and parse_size(value, key) < MIN_SOCK_BUF:
+                raise SettingsError(f"{key} must be empty (auto-tuning) or at least 64K, got {value!r}: a smaller "
+                                    f"buffer holds under two loopback segments (~64 KiB each) and the link stalls "
+                                    f"between them", key=key, expected="size >= 64K or empty")
         bad = [x for x in self.congestion_prefs if not _CC_NAME.fullmatch(x)]
         if bad:
             raise SettingsError(f"tcp_congestion: {bad[0]!r} is not a congestion control name (a comma list such "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,7 +88,7 @@ def _data(rng: np.random.Generator, dtype: np.dtype, n: int) -> np.ndarray:
 
 def _run_up(dt: np.dtype, op: str, own: list[np.ndarray], kids: list[bytes], a: int, b: int, blk: int, *,
             root: bool, work: np.ndarray | None = None, mirrors: list[np.ndarray] = (), divisor: int = 1,
-            pre_cut: list[int] | None = None, abort: int = 0,
+            pre_cut: list[int] | None = None, abort: int = 0, sub: int = 256,
             times_out: list[np.ndarray] | None = None) -> tuple[int, np.ndarray, list[bytes], list[bytes]]:
     """up_chunk with the children's frames arriving on socket pairs; (rc, io, what the parent got
     or [], what each child got down or []); the loop's ``times`` are appended to ``times_out``."""
@@ -116,7 +117,7 @@ def _run_up(dt: np.dtype, op: str, own: list[np.ndarray], kids: list[bytes], a: 
     rc = B.up_chunk(_FORMATS[dt], _OP_CODE[op], dt.itemsize, _addrs(own),
                     np.array([s.fileno() for s, _ in links], dtype=np.int64), pre, pre_len, _addrs(slots),
                     scratch.ctypes.data, 0 if work is None else work.ctypes.data, -1 if root else up[0].fileno(),
-                    _addrs(list(mirrors)), divisor, a, b, blk, io, np.array([abort], dtype=np.int64), times)
+                    _addrs(list(mirrors)), divisor, a, b, blk, io, np.array([abort], dtype=np.int64), times, sub)
     if rc != B.OK:  # nothing more is coming: let the receivers finish with what they have
         for s in [up[0], *(s for s, _ in links)]:
             s.shutdown(socket.SHUT_WR)
@@ -173,13 +174,13 @@ def test_up_chunk_at_the_root_finalises_in_work_sends_down_and_fills_the_mirrors
 
 
 @pytest.mark.parametrize("op,divisor", [("sum", 1), ("sum", 7), ("max", 1), ("min", 1)])
-@pytest.mark.parametrize("k,m", [(2, 1), (4, 1), (5, 2), (9, 2), (14, 2)])
+@pytest.mark.parametrize("k,m,sub", [(2, 1, 256), (4, 1, 1024), (5, 2, 64), (9, 2, 256), (14, 2, 512), (4, 1, 0)])
 def test_a_root_whose_outputs_are_its_inputs_stores_each_result_over_them_in_place(op: str, divisor: int, k: int,
-                                                                                 m: int) -> None:
+                                                                                 m: int, sub: int) -> None:
     # the engine's usual streamed allreduce: work is rank 0's buffer and the mirrors are the other
     # ranks' buffers, which are also the inputs: the loop stores the results over the inputs
     # sub-block by sub-block (no staged copy: T_COPY stays 0); blocks and the range cut the
-    # 256-element sub-blocks anywhere
+    # sub-blocks anywhere (sub 0: the loop's default)
     rng = np.random.default_rng(k * 100 + m * 10 + divisor)
     dt = np.dtype(np.float32)
     count, a, b, blk = 4000, 77, 3991, 700
@@ -191,7 +192,7 @@ def test_a_root_whose_outputs_are_its_inputs_stores_each_result_over_them_in_pla
         want = np.divide(want, dt.type(divisor))
     times: list[np.ndarray] = []
     rc, _, _, downs = _run_up(dt, op, own, [framed(x.tobytes(), blk * 4) for x in kids], a, b, blk,
-                              root=True, work=own[0], mirrors=own[1:], divisor=divisor, times_out=times)
+                              root=True, work=own[0], mirrors=own[1:], divisor=divisor, sub=sub, times_out=times)
     assert rc == B.OK
     for x, old in zip(own, before, strict=True):
         assert x[a:b].tobytes() == want.tobytes()
@@ -310,7 +311,7 @@ def test_a_child_lost_mid_frame_fails_the_root_which_ends_every_frame_going_down
     slots = [np.empty(1024, np.uint8) for _ in range(2)]
     rc = B.up_chunk(_FORMATS[dt], 0, 4, _addrs([work]), np.array([s.fileno() for s, _ in links], np.int64),
                     np.zeros((2, 1), np.uint8), np.zeros(2, np.int64), _addrs(slots), 0, work.ctypes.data, -1,
-                    np.zeros(0, np.int64), 1, 0, 2000, 256, io, np.zeros(1, np.int64), np.zeros(4))
+                    np.zeros(0, np.int64), 1, 0, 2000, 256, io, np.zeros(1, np.int64), np.zeros(4), 256)
     for s, _ in links:
         s.shutdown(socket.SHUT_WR)
     for th in rxs:
@@ -328,3 +329,31 @@ def test_the_plain_fan_out_of_machines_without_non_temporal_stores_copies_to_eve
     B._plain_fan_out(_addrs(dsts), src.ctypes.data, 777, 777)
     for d in dsts:
         assert d[:777].tobytes() == src[:777].tobytes() and not d[777:].any()
+
+
+def test_in_place_sub_blocks_fill_at_most_three_quarters_of_l1d_in_powers_of_two() -> None:
+    # 4 ranks and a child (5 float32 streams) plus the two accumulators: 28 bytes per element
+    assert B.in_place_sub(5, 48 << 10) == 1024  # 28 KiB of 36 KiB
+    assert B.in_place_sub(5, 32 << 10) == 512  # 1024 would be 28 KiB of 24 KiB
+    assert B.in_place_sub(11, 48 << 10) == 512  # more ranks, smaller sub-blocks
+    assert B.in_place_sub(17, 1 << 10) == 64  # never below the floor ...
+    assert B.in_place_sub(1, 1 << 30) == 4096  # ... nor above the cap
+    for inputs in range(1, 18):
+        for l1d in (32 << 10, 48 << 10, 64 << 10):
+            sub = B.in_place_sub(inputs, l1d)
+            assert sub & (sub - 1) == 0
+            assert sub == 64 or sub * 4 * (inputs + 2) <= 0.75 * l1d
+
+
+def test_l1d_bytes_reads_the_level_1_data_cache_from_sysfs(tmp_path: Path) -> None:
+    for name, level, kind, size in (("index0", "1", "Data", "48K"), ("index1", "1", "Instruction", "32K"),
+                                    ("index2", "2", "Unified", "2048K")):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "level").write_text(level + "\n")
+        (d / "type").write_text(kind + "\n")
+        (d / "size").write_text(size + "\n")
+    assert B.l1d_bytes(str(tmp_path)) == 48 << 10
+    (tmp_path / "index0" / "size").write_text("garbage\n")
+    assert B.l1d_bytes(str(tmp_path)) == 32 << 10  # unreadable: the smallest L1d measured
+    assert B.l1d_bytes(str(tmp_path / "missing")) == 32 << 10

@@ -300,24 +300,6 @@ def test_stream_block_fills_half_of_l2(l2: int | None, block: int) -> None:
     assert kernels.stream_block(l2) == block
 
 
-def test_l2_cache_size_comes_from_sysfs(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    def index(name: str, level: str, size: str) -> None:
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "level").write_text(level + "\n")
-        (tmp_path / name / "size").write_text(size + "\n")
-
-    assert kernels.l2_cache_bytes(str(tmp_path / "missing")) is None
-    index("index0", "1", "48K")
-    assert kernels.l2_cache_bytes(str(tmp_path)) is None
-    index("index2", "2", "2048K")
-    index("index3", "3", "32768K")
-    assert kernels.l2_cache_bytes(str(tmp_path)) == 2 << 20
-    (tmp_path / "index2" / "size").write_text("1M\n")
-    assert kernels.l2_cache_bytes(str(tmp_path)) == 1 << 20
-    (tmp_path / "index2" / "size").write_text("unknown\n")  # unreadable: no size rather than an error
-    assert kernels.l2_cache_bytes(str(tmp_path)) is None
-
-
 def test_reduce_range_touches_only_its_range() -> None:
     xs = random_inputs(np.dtype(F32), 3, N, seed=17)
     out = np.full(N, 7.0, F32)
@@ -389,6 +371,14 @@ def test_bench_reports_anchors_ratios_and_goals(capsys: pytest.CaptureFixture[st
     assert [(r["dtype"], r["k"]) for r in report["results"]] == [("fp32", 2), ("fp32", 8), ("bf16", 2), ("bf16", 8)]
     assert all(r["bit_exact"] and r["gbs"] > 0 and r["vs_numpy"] > 0 for r in report["results"])
     assert {g["goal"] for g in report["goals"]} >= {"fp32 k=8 vs numpy", "fp32 k=8 vs STREAM add", "bf16 k=8 vs numpy"}
+
+
+def test_bench_without_json_names_the_missed_goals_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_kernels.main(["--size", "256K", "--dtypes", "fp32", "--k", "8", "--repeats", "1"]) == 0
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    missed = [g["goal"] for g in report["goals"] if not g["met"]]
+    assert err.strip().splitlines()[-1] == f"goals missed: {', '.join(missed) or 'none'}"
 
 
 def _kernel_path(monkeypatch: pytest.MonkeyPatch, out: np.ndarray, xs: list[np.ndarray], op: str) -> np.ndarray:

@@ -192,3 +192,6 @@ def test_bench_table_formats_missing_anchors_as_dashes() -> None:
     assert "socket buffers auto-tuned (ours)" in markdown_table(result)
     result["socket_buffers"] = {"links_buf_bytes": 1 << 20, "links_send_buf_bytes": 256 << 10}
     assert "SO_SNDBUF/SO_RCVBUF 1M (ours)" in markdown_table(result)
+    assert "block" not in markdown_table(result).splitlines()[0]  # from before block_bytes was recorded
+    result["block_bytes"] = 256 << 10
+    assert "SO_SNDBUF/SO_RCVBUF 1M (ours), block 256K (ours), git abc" in markdown_table(result)

@@ -55,6 +55,20 @@ def test_worker_socket_buffer_size_is_auto_tuned_unless_set() -> None:
         load_worker_settings(env={"FF_HFREDUCE_SOCK_BUF_SIZE": "100"})
 
 
+@pytest.mark.parametrize("key", ["SOCK_BUF_SIZE", "SEND_BUF_SIZE"])
+def test_a_fixed_link_buffer_below_64k_is_refused_with_the_reason(key: str) -> None:
+    # below 64K (doubled by the kernel: under two ~64 KiB loopback segments) a link stalls between
+    # segments: a 4 x 1 64 MiB op took 70x as long with 32K
+    from fireflyer.hfreduce.settings import MIN_SOCK_BUF
+
+    assert MIN_SOCK_BUF == 64 << 10
+    for small in ("32K", "65535"):
+        with pytest.raises(SettingsError, match=f"{key.lower()} must be empty .auto-tuning. or at least 64K.*stalls"):
+            load_worker_settings(env={f"FF_HFREDUCE_{key}": small})
+    assert getattr(load_worker_settings(env={f"FF_HFREDUCE_{key}": "64K"}), key.lower().replace("size", "bytes")) \
+        == 64 << 10
+
+
 def test_worker_send_buffer_auto_tunes_unless_told_and_the_launcher_tells_it_256k() -> None:
     from fireflyer.hfreduce.launch_plan import LOOPBACK_SEND_BUF, worker_env
 
@@ -76,3 +90,42 @@ def test_worker_links_avoid_the_system_congestion_control_unless_told() -> None:
     assert load_worker_settings(env={"FF_HFREDUCE_TCP_CONGESTION": ""}).congestion_prefs == ()  # system default
     with pytest.raises(SettingsError, match="tcp_congestion"):
         load_worker_settings(env={"FF_HFREDUCE_TCP_CONGESTION": "cubic,BBR!"})
+
+
+def test_the_launcher_gives_nodes_with_several_ranks_a_256k_block_where_l2_is_512k_or_less() -> None:
+    from fireflyer.hfreduce.launch_plan import loopback_block, worker_env
+
+    assert load_worker_settings(env={}).block_bytes == 512 << 10  # the worker's own default
+    for ranks, l2, block in ((4, 512 << 10, "256K"), (2, 256 << 10, "256K"), (1, 512 << 10, None),
+                             (4, 1 << 20, None), (4, 2 << 20, None), (4, None, None), (4, 0, None)):
+        assert loopback_block(ranks, l2) == block, (ranks, l2)
+    env = worker_env({"A": "1"}, local_ranks=4, l2_bytes=512 << 10)
+    assert env["FF_HFREDUCE_BLOCK_SIZE"] == "256K" and load_worker_settings(env=env).block_bytes == 256 << 10
+    assert "FF_HFREDUCE_BLOCK_SIZE" not in worker_env({}, local_ranks=4, l2_bytes=1 << 20)
+    assert "FF_HFREDUCE_BLOCK_SIZE" not in worker_env({}, local_ranks=1, l2_bytes=512 << 10)
+    # an explicit setting wins (every worker of the job must have the same block either way)
+    told = worker_env({"FF_HFREDUCE_BLOCK_SIZE": "512K"}, local_ranks=4, l2_bytes=512 << 10)
+    assert told["FF_HFREDUCE_BLOCK_SIZE"] == "512K"
+
+
+def test_ff_launch_hands_its_workers_the_block_for_its_local_ranks(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from fireflyer.hfreduce import launch, launch_plan
+    from fireflyer.hfreduce.launch_plan import LaunchOptions
+
+    monkeypatch.setattr(launch_plan, "cache_bytes", lambda level, base="": 512 << 10 if level == 2 else None)
+    seen: list[dict[str, str]] = []
+
+    class Started(Exception):
+        pass
+
+    def popen(argv, env, **kw):  # type: ignore[no-untyped-def]
+        seen.append(dict(env))
+        raise Started
+
+    monkeypatch.setattr(launch.Launcher, "_popen", staticmethod(popen))
+    for ranks, block in ((4, "256K"), (1, None)):
+        launcher = launch.Launcher(LaunchOptions(nodes=2, local_ranks=ranks), ["true"], env={"PATH": "/usr/bin"})
+        with pytest.raises(Started):
+            launcher._start_workers(launcher._plan(tmp_path))
+        assert seen[-1].get("FF_HFREDUCE_BLOCK_SIZE") == block
