@@ -41,7 +41,9 @@ Per run, for every size:
   bytes could have reached in this run: a goal above it is out of this machine's reach.
 
 ``--runs N`` runs all of it N times back to back and reports each figure's median and range
-(:mod:`.bench_runs`).  Time per op is the max over ranks of each rank's mean.  ``algbw = S/t`` and
+(:mod:`.bench_runs`).  The JSON's ``goals`` (:mod:`.bench_goals`) judges the run -- or, with
+``--runs``, the medians -- against the goals that apply to its shape; stderr says which were
+missed.  Time per op is the max over ranks of each rank's mean.  ``algbw = S/t`` and
 ``busbw = algbw * 2(n-1)/n`` with n the total ranks (nccl-tests' definitions);
 GB/s are 1e9 bytes per second.  The machine is shared and noisy: quote the
 ratios, which are measured in the same run, rather than absolute figures.
@@ -68,6 +70,7 @@ from fireflyer.wire.conn import congestion_of, set_congestion
 
 from . import _blocks
 from .bench_floor import Floor, SocketBuffers, loopback_pair, measure_floor
+from .bench_goals import goals, missed
 from .bench_runs import fmt_size, spread_lines, summarize_runs
 from .launch import Launcher, print_line
 from .launch_plan import LaunchOptions, node_cpus, worker_env
@@ -271,7 +274,8 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
     anchor_sizes = sorted({s for s in sizes if s >= _MIN_BOUND_BYTES}) if bound and nodes > 1 else []
     floor_sizes = sorted({s for s in sizes if s >= _MIN_BOUND_BYTES}) if floor else []
     itemsize = 4 if dtype == "fp32" else 2
-    ws = load_worker_settings(env=worker_env(os.environ))  # as the launcher's workers will load them
+    # the settings as the launcher's workers will load them
+    ws = load_worker_settings(env=worker_env(os.environ, local_ranks=local_ranks))
     cc = ws.congestion_prefs  # what the launched workers' links will use
     # the links' socket buffers, and the kernel's auto-tuning: the anchors take the best of both
     bufs: list[SocketBuffers] = list(dict.fromkeys([(ws.sock_buf_bytes, ws.send_buf_bytes), (None, None)]))
@@ -318,7 +322,7 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
             if e["gloo_time_s"]:
                 e["gloo_over_floor"] = e["gloo_time_s"] / fl.time_s
         entries.append(e)
-    return {
+    result = {
         "bench": "allreduce",
         "nodes": nodes, "local_ranks": local_ranks, "world_size": world, "dtype": dtype, "vs": vs,
         "cpu_bind": placement(nodes, cpu_bind, sorted(os.sched_getaffinity(0))),
@@ -328,12 +332,16 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
                        "received over loopback TCP, its local_ranks buffers read and written once), moved alone; "
                        "gloo_over_floor = the highest ratio to Gloo any implementation could reach in this run",
         "results": entries,
+        "goals": [],  # (filled below: the goals read from these results)
         "tcp_congestion": tcp_congestion(cc),
         "socket_buffers": {"links_buf_bytes": bufs[0][0], "links_send_buf_bytes": bufs[0][1],
                            "anchors": "best of the links' buffers and the kernel's auto-tuning"},
+        "block_bytes": ws.block_bytes,  # a streamed op's block, as the launcher gave the workers
         "git_sha": _git_sha(), "cpu_count": os.cpu_count(), "torch_version": _torch_version(),
         "python": platform.python_version(), "platform": sys.platform,
     }
+    result["goals"] = goals(result)
+    return result
 
 
 def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -379,13 +387,18 @@ def _buf_caption(bufs: dict[str, Any] | None) -> str:
     return f"SO_SNDBUF {fmt_size(send)} (ours), " if send else "socket buffers auto-tuned (ours), "
 
 
+def _block_caption(block: int | None) -> str:
+    """A streamed op's block in our workers (results from before ``block_bytes`` existed: nothing)."""
+    return f"block {fmt_size(block)} (ours), " if block else ""
+
+
 def markdown_table(result: dict[str, Any]) -> str:
     """The table as GitHub markdown (for the README), with the run's shape and anchors in a caption."""
     head, rows = table_rows(result)
     lines = [f"{result['nodes']} nodes x {result['local_ranks']} local ranks ({result['world_size']} ranks), "
              f"{result['dtype']}, {result['cpu_count']} CPUs, cpu-bind {result.get('cpu_bind', 'none')}, "
              f"torch {result['torch_version']}, {_cc_caption(result.get('tcp_congestion'))}"
-             f"{_buf_caption(result.get('socket_buffers'))}"
+             f"{_buf_caption(result.get('socket_buffers'))}{_block_caption(result.get('block_bytes'))}"
              f"git {str(result['git_sha'])[:10]}"
              + (f", medians of {result['runs']} runs" if result.get("runs", 1) > 1 else ""), "",
              "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
@@ -452,6 +465,11 @@ def main(argv: list[str] | None = None) -> int:
     except FireFlyerError as e:
         print(f"ff bench allreduce: {e}", file=sys.stderr)
         return 1
+    if result["goals"]:
+        what = "the medians" if ns.runs > 1 else "this run"
+        print(f"goals ({what}): " + "; ".join(f"{g['goal']} {g['value']:.2f} (>= {g['target']:g}) "
+                                             f"{'met' if g['met'] else 'MISSED'}" for g in result["goals"])
+              + f"; missed: {', '.join(missed(result['goals'])) or 'none'}", file=sys.stderr)
     if ns.json == "-":
         print(json.dumps(result))
         return 0

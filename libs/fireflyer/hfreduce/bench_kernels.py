@@ -37,6 +37,7 @@ import numpy as np
 
 from fireflyer.core.sizes import parse_size, size_arg
 from fireflyer.hfreduce import kernels
+from fireflyer.hfreduce.bench_goals import missed
 
 _GB = 1e9
 _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8_e4m3",
@@ -212,8 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(report))
     else:
         print(json.dumps(report, indent=2))
-        missed = [g["goal"] for g in report["goals"] if not g["met"]]
-        print(f"goals missed: {', '.join(missed) or 'none'}", file=sys.stderr)
+        print(f"goals missed: {', '.join(missed(report['goals'])) or 'none'}", file=sys.stderr)
     return 0
 
 

@@ -11,7 +11,8 @@ same run.  ``ff bench allreduce --runs N`` runs the whole benchmark N times back
   ``algbw_GBps / gloo_algbw_GBps`` of the medians; ``None`` where no run has the figure);
 - each entry's ``range``: ``[min, max]`` over the runs of the figures a goal is read from
   (:data:`RANGE_KEYS`), and ``runs_with``: how many runs had each of them;
-- ``runs``: N, and ``per_run``: every run's own ``results``, untouched.
+- ``runs``: N, and ``per_run``: every run's own ``results``, untouched;
+- ``goals``: the goals judged on the medians (:func:`.bench_goals.goals`).
 
 Pure functions, no I/O: the runs are made by :mod:`.bench_allreduce`.
 """
@@ -23,6 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from fireflyer.core.errors import InvalidArgument
+
+from .bench_goals import goals
 
 __all__ = ["RANGE_KEYS", "summarize_runs", "spread_lines", "fmt_size"]
 
@@ -78,8 +81,10 @@ def summarize_runs(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
                               "match)", argument="docs")
     results = [_median_entry([d["results"][i] for d in docs]) for i in range(len(first["results"]))]
     shas = sorted({str(d.get("git_sha")) for d in docs})
-    return {**first, "results": results, "runs": len(docs), "per_run": [d["results"] for d in docs],
-            "git_sha": first.get("git_sha") if len(shas) == 1 else ",".join(shas)}
+    summary = {**first, "results": results, "runs": len(docs), "per_run": [d["results"] for d in docs],
+               "git_sha": first.get("git_sha") if len(shas) == 1 else ",".join(shas)}
+    summary["goals"] = goals(summary)
+    return summary
 
 
 def fmt_size(n: int) -> str:

@@ -22,7 +22,9 @@ def test_two_nodes_vs_gloo_with_bound(tmp_path: Path, capsys: pytest.CaptureFixt
     rc = ff_main(["bench", "allreduce", "--nodes", "2", "--local-ranks", "1", "--sizes", "4,1M",
                   "--vs", "gloo", "--target-s", "0.05", "--json", str(out)])
     assert rc == 0
-    assert "ratio" in capsys.readouterr().out  # the table
+    printed = capsys.readouterr()
+    assert "ratio" in printed.out  # the table
+    assert "goals (this run): 2 nodes 4 B vs Gloo" in printed.err
     doc = json.loads(out.read_text())
     assert doc["bench"] == "allreduce" and doc["world_size"] == 2 and doc["cpu_count"] >= 1
     assert doc["torch_version"] and "git_sha" in doc
@@ -48,6 +50,9 @@ def test_two_nodes_vs_gloo_with_bound(tmp_path: Path, capsys: pytest.CaptureFixt
     assert cc["hfreduce"] in ("cubic", "reno")  # the workers' default prefers these to the system's
     assert doc["socket_buffers"]["links_send_buf_bytes"] == 256 << 10  # the workers' default
     assert doc["socket_buffers"]["links_buf_bytes"] is None
+    # the run judges itself on the goals its shape has: at 2 nodes, the 4-byte latency against Gloo
+    assert doc["goals"] == [{"goal": "2 nodes 4 B vs Gloo", "value": small["ratio"], "target": 1.0,
+                             "met": small["ratio"] >= 1.0}]
 
 
 def test_one_node_two_ranks_bf16_json_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
@@ -62,6 +67,7 @@ def test_one_node_two_ranks_bf16_json_on_stdout(capsys: pytest.CaptureFixture[st
         assert e["busbw_GBps"] == pytest.approx(e["algbw_GBps"])
         assert e["gloo_algbw_GBps"] is None and e["ratio"] is None and e["bound_GBps"] is None
         assert e["floor_time_s"] is None  # sizes under 1 MiB have no floor
+    assert doc["goals"] == []  # the goals are fp32's, and need Gloo
 
 
 def test_loopback_anchor_is_positive_and_alternates_the_socket_buffers(monkeypatch: pytest.MonkeyPatch) -> None:

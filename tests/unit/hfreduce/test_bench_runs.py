@@ -39,6 +39,9 @@ def test_each_figure_is_its_own_median_with_the_range_of_the_runs() -> None:
     # a figure no run has stays None, with no range
     assert big["fraction_of_floor"] is None and big["range"]["fraction_of_floor"] is None
     assert small["fraction_of_bound"] is None and small["runs_with"]["fraction_of_bound"] == 0
+    # the goals are judged on the medians: 1.49x Gloo and 82% of the bound, though one run had 66%
+    assert [(g["goal"], g["value"], g["met"]) for g in s["goals"]] == [
+        ("4x1 64M vs Gloo", pytest.approx(1.49), True), ("4x1 64M of the loopback bound", pytest.approx(0.82), True)]
 
 
 def test_a_figure_missing_from_some_runs_is_the_median_of_the_others() -> None:
