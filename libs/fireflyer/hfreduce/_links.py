@@ -84,6 +84,8 @@ class Link:
     #: child links: the up frame of a threaded op whose header the reader has read and whose
     #: payload it leaves on the socket for the tree's up thread (``_streamed.Parked``)
     park: Any = None
+    #: the thread that reads this link (set when the engine starts it)
+    reader: threading.Thread | None = None
 
     def name(self) -> str:
         return f"node {self.peer} ({self.addr}) tree {self.tree}"

@@ -104,6 +104,12 @@ __all__ = ["NodeEngine"]
 _log = get_logger("fireflyer.hfreduce.engine")
 
 _JOIN_S = 2.0
+#: how long a failed send waits for the link's reader to read why the peer closed
+#: (:meth:`NodeEngine._reader_explains`); a reader that is scheduled at all reads a queued
+#: abort frame in microseconds, this is headroom for a loaded host
+EXPLAIN_S = 1.0
+#: how long ``close`` waits for the peers to acknowledge what we sent (:meth:`NodeEngine._linger`)
+LINGER_S = 1.0
 
 
 class NodeEngine(Pipeline, Streaming):
@@ -310,7 +316,7 @@ class NodeEngine(Pipeline, Streaming):
         if self.nnodes == 2:
             self.express = Express(self)
         for link in self._links:
-            self._spawn(self._read_loop, link, f"hfr-read-{self.node}-t{link.tree}-n{link.peer}")
+            link.reader = self._spawn(self._read_loop, link, f"hfr-read-{self.node}-t{link.tree}-n{link.peer}")
             if link.role == CHILD:
                 self._spawn(self._down_loop, link, f"hfr-down-{self.node}-t{link.tree}-n{link.peer}")
         for t in (0, 1):
@@ -339,7 +345,7 @@ class NodeEngine(Pipeline, Streaming):
             self._parent[link.tree] = link
         self._links.append(link)
 
-    def _spawn(self, fn: Callable[..., None], arg: object, name: str) -> None:
+    def _spawn(self, fn: Callable[..., None], arg: object, name: str) -> threading.Thread:
         def run() -> None:
             set_os_thread_name(name.removeprefix("hfr-"))  # "read-2-t0-n1" in top -H and perf
             fn(arg)
@@ -347,6 +353,7 @@ class NodeEngine(Pipeline, Streaming):
         th = threading.Thread(target=run, name=name, daemon=True)
         self._threads.append(th)
         th.start()
+        return th
 
     # ------------------------------------------------------------------ the call
 
@@ -670,6 +677,8 @@ class NodeEngine(Pipeline, Streaming):
         if isinstance(e, HFReduceError):
             self._fail(e)
             return
+        if self._reader_explains(lk):
+            return
         st = self._op
         phase = ("up" if lk.role == CHILD else "down") if self._in_op else "idle"
         what = f"{st.fp}" if st is not None and self._in_op else f"{self.who(self.node)} (between ops)"
@@ -678,6 +687,28 @@ class NodeEngine(Pipeline, Streaming):
             f"({phase} phase): {e}; that node's process probably died",
             node=self.node, peer=lk.peer, tree=lk.tree, phase=phase,
             seq=st.fp.seq if st is not None else None), culprit=lk.peer)
+
+    def _reader_explains(self, lk: Link) -> bool:
+        """A send on ``lk`` failed (not its reader): wait up to ``EXPLAIN_S`` for another failure.
+
+        A send fails when the peer closed its end -- often because that node failed first
+        (a local rank died, say), sent us its abort frame and then closed the communicator.
+        That frame is still queued on the socket for the link's reader, even after a reset;
+        reporting the lost connection at once would hide the peer's reason behind our own
+        race.  The reader reads what is queued and fails the engine, with the peer's reason
+        or with the EOF itself.  False: nobody did in time, the caller reports the link.
+        """
+        reader = lk.reader
+        if reader is None or reader is threading.current_thread() or not reader.is_alive():
+            return False
+        deadline = time.monotonic() + EXPLAIN_S
+        with self._mu:
+            while self._failure is None and not self._closing:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._done_cv.wait(left)
+        return True
 
     def _on_abort(self, lk: Link, hdr: Request) -> None:
         m = hdr.meta
@@ -784,6 +815,7 @@ class NodeEngine(Pipeline, Streaming):
         for th in threads:
             if th.name.startswith("hfr-abort"):
                 th.join(max(0.0, deadline - time.monotonic()))
+        self._linger(min(deadline, time.monotonic() + LINGER_S))
         for lk in self._links:
             lk.fs.shutdown()
         with self._mu:
@@ -795,6 +827,17 @@ class NodeEngine(Pipeline, Streaming):
             lk.fs.close()
         if self._listen is not None and not self._started:
             self._listen.close()
+
+    def _linger(self, until: float) -> None:
+        """Before the links close: wait (until ``until``) for the peers to acknowledge all we sent.
+
+        A peer still sending to us leaves unread bytes on our sockets, and closing such a
+        socket resets the connection and drops what of ours the peer has not acknowledged --
+        after a failure, the aborted block and abort frame that tell it why.  It would then
+        report a lost connection instead of our reason.  The readers keep draining meanwhile,
+        so a peer blocked on sending to us moves on and reads."""
+        while any(lk.fs.unacked_bytes() for lk in self._links) and time.monotonic() < until:
+            time.sleep(0.002)
 
     def __enter__(self) -> NodeEngine:
         return self

@@ -27,9 +27,11 @@ Hot-path choices, and why:
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import socket
 import struct
+import termios
 import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -403,6 +405,17 @@ class FramedSocket:
         return err
 
     # ------------------------------------------------------------------ closing
+
+    def unacked_bytes(self) -> int:
+        """Bytes we sent that the peer has not acknowledged yet (Linux ``SIOCOUTQ``); 0 once
+        the socket is closed or reset.  Closing a socket whose input holds unread bytes makes
+        the kernel reset the connection and drop these, so a closer that must be heard waits
+        for this to reach 0 first; what the peer acknowledged stays readable there."""
+        try:
+            out = fcntl.ioctl(self.sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+        except (OSError, ValueError):  # closed: nothing of ours can arrive any more
+            return 0
+        return int.from_bytes(out, "little", signed=True)
 
     def shutdown(self) -> None:
         """Wake any thread blocked on this socket (close alone does not, on Linux)."""

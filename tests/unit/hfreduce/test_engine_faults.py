@@ -166,7 +166,12 @@ def test_a_peer_closing_during_our_close_collective_is_not_logged(caplog: pytest
         e0 = engines[0]
         with e0._mu:  # white box: node 0 is inside an op of this kind when node 1 closes
             e0._in_op = True
-            e0._op = SimpleNamespace(fp=Fingerprint("c", 5, "sum", "int32", 1, kind=kind), k=5)
+            # inline: the engine's threads sit it out (a woken fill thread reads the flag; without
+            # it one crashed on the stand-in, and the engine failed with that instead, once in CI)
+            e0._op = SimpleNamespace(fp=Fingerprint("c", 5, "sum", "int32", 1, kind=kind), k=5, inline=True)
+            e0._post_cv.notify_all()  # wake them now, so that they look at it before the close
+        time.sleep(0.05)
+        assert e0.failed is None
         with caplog.at_level("DEBUG"):
             engines[1].close()
             t0 = time.monotonic()
@@ -244,6 +249,41 @@ def test_an_abort_in_the_middle_of_streamed_halves_reaches_every_node_with_its_r
                 continue
             assert isinstance(r, CollectiveAborted), (i, r)
             assert r.origin == who and "operator asked" in r.reason, r
+    finally:
+        close_all(engines)
+
+
+@pytest.mark.parametrize("n,who", [(2, 1), (3, 0)])
+def test_a_node_that_aborts_and_closes_mid_stream_is_reported_with_its_reason(n: int, who: int) -> None:
+    """The worker's case when one of its ranks dies: the node aborts and closes the
+    communicator at once.  Its peers' up loops then fail their sends (reset) while the abort
+    frame still waits on the socket for the readers; here the readers are slowed so that the
+    send error always comes first.  The peers must still report the abort and its reason."""
+    engines = make_engines(n, chunk_bytes=1 << 20)
+    try:
+        for i, e in enumerate(engines):
+            e.block_bytes = 64 << 10
+            if i != who:
+                real = e._on_abort
+
+                def slow(lk: object, hdr: object, real: object = real) -> None:
+                    time.sleep(0.3)  # the reader is late: the up loop's EPIPE/ECONNRESET comes first
+                    real(lk, hdr)  # type: ignore[operator]
+
+                e._on_abort = slow
+
+        def abort_and_close() -> None:
+            engines[who].abort("rank 3 died")
+            engines[who].close()
+
+        closer = _when_streaming(engines[who], abort_and_close)
+        res = _streaming_all(engines, (48 << 20) // 4)
+        closer.join()
+        for i in range(n):
+            if i == who:
+                continue
+            assert isinstance(res[i], CollectiveAborted), (i, res[i])
+            assert res[i].origin == who and "rank 3 died" in res[i].reason, res[i]
     finally:
         close_all(engines)
 
