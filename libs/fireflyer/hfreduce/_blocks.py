@@ -54,6 +54,8 @@ from __future__ import annotations
 
 import functools
 import platform
+import sys
+from typing import TYPE_CHECKING
 
 import numpy as np
 from llvmlite import ir
@@ -61,14 +63,20 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from fireflyer.core.errors import ProtocolError
+
 from ._lowp import F32, I32
 from .caches import SYS_CACHE, cache_bytes
 from .copies import _fan_out, _plain
 from .kernels import MAX_INPUTS, _reduce_int, _reduce_typed, _reduce_typed_acc, _voidptr
 
+if TYPE_CHECKING:
+    from fireflyer.wire.conn import FramedSocket
+
 __all__ = ["BLOCK_BYTES", "MARKER_BYTES", "OK", "FAILED", "ABORTED", "PEER_ABORTED", "BAD_FRAME", "IO_LEN",
            "IO_WAIT_FD", "IO_WAIT_SEND", "IO_FAIL_FD", "IO_ERRNO", "IO_DONE", "IO_GOT", "T_REDUCE", "T_RECV",
-           "T_SEND", "T_COPY", "new_io", "up_chunk", "down_chunk", "framed_bytes", "in_place_sub", "l1d_bytes"]
+           "T_SEND", "T_COPY", "new_io", "up_chunk", "down_chunk", "framed_bytes", "in_place_sub", "l1d_bytes",
+           "block_marker", "drain_frame"]
 
 #: bytes per block of a streamed chunk: the inputs of one block (a child's block, the output
 #: block) stay in the core's L2 (1-2 MiB on the VMs measured) while the local ranks' buffers
@@ -264,6 +272,44 @@ def framed_bytes(count: int, blk: int, isz: int) -> int:
     """Wire length of a streamed frame of ``count`` elements in blocks of ``blk``: each block of
     ``isz``-byte elements is followed by its marker."""
     return count * isz + MARKER_BYTES * -(-count // blk)
+
+
+def block_marker(block: int, aborted: bool) -> int:
+    """The marker after block ``block`` of a frame (the loops' ``_marker``, in Python)."""
+    return _MAGIC | (block << 1) | int(aborted)
+
+
+def drain_frame(fs: FramedSocket, plen: int, got: int, block_bytes: int) -> bool:
+    """Read and drop the rest of a streamed frame of ``plen`` bytes on ``fs`` of which a loop
+    took the first ``got``, block by block (``block_bytes`` of data each, the last shorter).
+
+    A frame can end early: its sender stopped and ended it with an aborted block, and the
+    abort frame that says why follows at once.  Draining ``plen - got`` bytes blindly would
+    swallow that frame and block on bytes that never come; so every marker is read, and the
+    drain stops after an aborted block.  Returns True if the frame ended there (the next frame
+    is the sender's abort), False if it was whole.  A marker the loop had started to read
+    cannot be checked and is skipped; a wrong one raises ``ProtocolError`` (framing lost)."""
+    stride = block_bytes + MARKER_BYTES
+    mark = memoryview(bytearray(MARKER_BYTES))
+    pos = got
+    while pos < plen:
+        j = pos // stride
+        at = j * stride + min(block_bytes, plen - j * stride - MARKER_BYTES)  # where block j's marker starts
+        if pos > at:  # the loop read part of this marker
+            fs.discard(at + MARKER_BYTES - pos)
+            pos = at + MARKER_BYTES
+            continue
+        if pos < at:
+            fs.discard(at - pos)
+        fs.recv_into(mark)
+        pos = at + MARKER_BYTES
+        mk = int.from_bytes(mark, sys.byteorder)  # the loops write it as a native int64
+        if mk == block_marker(j, True):
+            return True
+        if mk != block_marker(j, False):
+            raise ProtocolError(f"{fs.peer}: block {j} of a streamed frame had a wrong marker ({mk:#x})",
+                                reason="bad_frame", peer=fs.peer)
+    return False
 
 
 # ------------------------------------------------------------------ block steps

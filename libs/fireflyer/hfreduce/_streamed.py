@@ -27,7 +27,9 @@ outgoing frames with an aborted block, so that peers read the abort frame behind
 child link's reader reads its header and *parks* it (:class:`Parked`): it leaves the
 payload on the socket and waits until the up thread has taken it -- the streamed loop
 reads it block by block, a non-streamed op's up step (:meth:`Streaming._recv_parked`)
-into a ring slot.  After a failure the reader drains whatever the up thread left.
+into a ring slot.  After a failure the reader drains whatever the up thread left -- a
+streamed frame block by block, up to an aborted block if its sender ended it early
+(:func:`._blocks.drain_frame`): the sender's abort frame follows that block.
 Small (inline) ops keep their ring: their frames carry no ``"p"``.  A parked frame met
 by an inline op, or a ring frame met by a threaded op, is a fingerprint mismatch.
 """
@@ -68,12 +70,14 @@ class Parked:
     consumed ``got`` bytes of it (the reader drains the rest after a failure).
     """
 
-    __slots__ = ("rid", "c", "plen", "fp", "taken", "done", "got")
+    __slots__ = ("rid", "c", "plen", "fp", "taken", "done", "got", "block_bytes")
 
     def __init__(self, rid: int, c: int, plen: int, fp: object) -> None:
         self.rid, self.c, self.plen, self.fp = rid, c, plen, fp
         self.taken = self.done = False
         self.got = 0
+        #: a streamed frame's data bytes per block (its rest is drained block by block); 0: plain
+        self.block_bytes = 0
 
 
 class StreamOp:
@@ -182,8 +186,11 @@ class Streaming:
             while not p.done and (self._failure is None or p.taken):
                 lk.cv.wait()  # type: ignore[union-attr]
             lk.park = None
-        if p.got < plen:
-            lk.fs.discard(plen - p.got)  # the op failed: nobody (else) reads the rest
+        if p.got < plen:  # the op failed: nobody (else) reads the rest
+            if p.block_bytes:
+                B.drain_frame(lk.fs, plen, p.got, p.block_bytes)
+            else:
+                lk.fs.discard(plen - p.got)
 
     def _parked_mismatch(self: NodeEngine, st: OpState, lk: Link, p: Parked) -> None:
         """Raise the mismatch of a parked (threaded) frame met by small op ``st``."""
@@ -217,9 +224,12 @@ class Streaming:
             parks.append(p)
         return parks
 
-    def _release(self: NodeEngine, lk: Link, p: Parked, got: int) -> None:
+    def _release(self: NodeEngine, lk: Link, p: Parked, got: int, block_bytes: int = 0) -> None:
+        """Give a parked frame back to its reader, ``got`` bytes of it consumed (``block_bytes``:
+        it is a streamed frame, see :attr:`Parked.block_bytes`)."""
         with self._mu:
             p.got = got
+            p.block_bytes = block_bytes
             p.done = True
             lk.cv.notify_all()  # type: ignore[union-attr]
 
@@ -295,7 +305,7 @@ class Streaming:
             for i, (lk, p) in enumerate(zip(children, parks, strict=True)):
                 if p is not None:  # a frame that ended early (an aborted block) leaves nothing to drain
                     got = p.plen if lk.fs.sock.fileno() == ended else max(int(buf.io[B.IO_GOT + i]), taken[i])
-                    self._release(lk, p, got)
+                    self._release(lk, p, got, so.blk * st.isz)
             with self._mu:
                 buf.busy = False
         if rc != B.OK:
@@ -360,7 +370,7 @@ class Streaming:
             if rc == B.FAILED and own or rc == B.BAD_FRAME:
                 raise ProtocolError(f"{lk.name()}: the final half broke off", reason="truncated")
             if rc != B.PEER_ABORTED:  # (an aborted block ended the frame: the abort frame is next)
-                lk.fs.discard(plen - max(int(buf.io[B.IO_GOT]), len(pre)))
+                B.drain_frame(lk.fs, plen, max(int(buf.io[B.IO_GOT]), len(pre)), so.blk * st.isz)
             return
         st.copyout_s += float(buf.times[B.T_COPY])
         i = self._links.index(lk)

@@ -297,6 +297,54 @@ def test_framed_bytes_counts_one_marker_per_block() -> None:
     assert B.framed_bytes(513, 256, 8) == 513 * 8 + 24
 
 
+def _framed_socket(wire: bytes) -> tuple[object, socket.socket]:
+    """A FramedSocket whose peer has sent ``wire`` and then ``NEXT``, and closed its side."""
+    from fireflyer.wire.conn import FramedSocket
+    from fireflyer.wire.frame import FrameLimits
+
+    a, b = socket.socketpair()
+    _sender(a, wire + b"NEXT").join()
+    a.shutdown(socket.SHUT_WR)
+    return FramedSocket(b, peer="p", limits=FrameLimits(), io_timeout_s=5), a
+
+
+@pytest.mark.parametrize("got", [0, 5, 100, 105, 108, 110, 116, 300])  # a block is 100 bytes + an 8-byte marker
+@pytest.mark.parametrize("abort_at", [None, 1, 2])
+def test_draining_a_frame_stops_at_an_aborted_block_and_leaves_the_next_frame(got: int, abort_at: int | None) -> None:
+    """The rest of a frame a loop left is read block by block: a frame its sender ended early
+    (an aborted block) is over there, and what follows -- the abort frame -- is left alone."""
+    block_bytes, data = 100, bytes(range(250))  # blocks of 100, 100 and 50 bytes
+    wire = framed(data, block_bytes, abort_at=abort_at)
+    plen = B.framed_bytes(len(data), block_bytes, 1)
+    if got > len(wire):
+        return  # (the loop cannot have taken more than was sent)
+    fs, peer = _framed_socket(wire)
+    try:
+        fs.discard(got)  # what the loop took
+        ended = B.drain_frame(fs, plen, got, block_bytes)
+        assert ended == (abort_at is not None)
+        rest = memoryview(bytearray(4))
+        fs.recv_into(rest)
+        assert bytes(rest) == b"NEXT"
+    finally:
+        fs.close()
+        peer.close()
+
+
+def test_draining_a_frame_with_a_wrong_marker_is_a_framing_error() -> None:
+    from fireflyer.core.errors import ProtocolError
+
+    wire = bytearray(framed(bytes(200), 100))
+    wire[108 + 100:108 + 108] = marker(5)  # block 1's marker says block 5
+    fs, peer = _framed_socket(bytes(wire))
+    try:
+        with pytest.raises(ProtocolError, match="block 1 of a streamed frame had a wrong marker"):
+            B.drain_frame(fs, B.framed_bytes(200, 100, 1), 0, 100)
+    finally:
+        fs.close()
+        peer.close()
+
+
 def test_a_child_lost_mid_frame_fails_the_root_which_ends_every_frame_going_down() -> None:
     dt = np.dtype(np.float32)
     good = framed(np.ones(2000, dt).tobytes(), 1024)
