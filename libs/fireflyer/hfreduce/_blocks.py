@@ -288,7 +288,8 @@ def drain_frame(fs: FramedSocket, plen: int, got: int, block_bytes: int) -> bool
     swallow that frame and block on bytes that never come; so every marker is read, and the
     drain stops after an aborted block.  Returns True if the frame ended there (the next frame
     is the sender's abort), False if it was whole.  A marker the loop had started to read
-    cannot be checked and is skipped; a wrong one raises ``ProtocolError`` (framing lost)."""
+    cannot be checked and is skipped (a loop stops inside a block only when that socket
+    failed, and then the drain fails too); a wrong one raises ``ProtocolError`` (framing lost)."""
     stride = block_bytes + MARKER_BYTES
     mark = memoryview(bytearray(MARKER_BYTES))
     pos = got
