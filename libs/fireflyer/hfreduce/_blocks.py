@@ -76,7 +76,7 @@ if TYPE_CHECKING:
 __all__ = ["BLOCK_BYTES", "MARKER_BYTES", "OK", "FAILED", "ABORTED", "PEER_ABORTED", "BAD_FRAME", "IO_LEN",
            "IO_WAIT_FD", "IO_WAIT_SEND", "IO_FAIL_FD", "IO_ERRNO", "IO_DONE", "IO_GOT", "T_REDUCE", "T_RECV",
            "T_SEND", "T_COPY", "new_io", "up_chunk", "down_chunk", "framed_bytes", "in_place_sub", "l1d_bytes",
-           "block_marker", "drain_frame"]
+           "drain_frame"]
 
 #: bytes per block of a streamed chunk: the inputs of one block (a child's block, the output
 #: block) stay in the core's L2 (1-2 MiB on the VMs measured) while the local ranks' buffers
@@ -274,11 +274,6 @@ def framed_bytes(count: int, blk: int, isz: int) -> int:
     return count * isz + MARKER_BYTES * -(-count // blk)
 
 
-def block_marker(block: int, aborted: bool) -> int:
-    """The marker after block ``block`` of a frame (the loops' ``_marker``, in Python)."""
-    return _MAGIC | (block << 1) | int(aborted)
-
-
 def drain_frame(fs: FramedSocket, plen: int, got: int, block_bytes: int) -> bool:
     """Read and drop the rest of a streamed frame of ``plen`` bytes on ``fs`` of which a loop
     took the first ``got``, block by block (``block_bytes`` of data each, the last shorter).
@@ -305,9 +300,9 @@ def drain_frame(fs: FramedSocket, plen: int, got: int, block_bytes: int) -> bool
         fs.recv_into(mark)
         pos = at + MARKER_BYTES
         mk = int.from_bytes(mark, sys.byteorder)  # the loops write it as a native int64
-        if mk == block_marker(j, True):
+        if mk == _marker(j, 1):
             return True
-        if mk != block_marker(j, False):
+        if mk != _marker(j, 0):
             raise ProtocolError(f"{fs.peer}: block {j} of a streamed frame had a wrong marker ({mk:#x})",
                                 reason="bad_frame", peer=fs.peer)
     return False
