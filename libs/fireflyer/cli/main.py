@@ -26,6 +26,7 @@ __all__ = ["main", "build_parser"]
 BENCHES: dict[str, str] = {
     "wire": "fireflyer.wire.bench",
     "kernels": "fireflyer.hfreduce.bench_kernels",
+    "campaign": "fireflyer.hfreduce.bench_campaign",
     "allreduce": "fireflyer.hfreduce.bench_allreduce",
     "meta": "fireflyer.fs.bench_meta",
     "coord": "fireflyer.coord.bench",
