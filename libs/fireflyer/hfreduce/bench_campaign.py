@@ -91,9 +91,12 @@ def fold_goals(per_run: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, An
 
 
 def _floor_context(summary: dict[str, Any], goal: dict[str, Any]) -> dict[str, Any]:
-    """For a ratio goal of an allreduce shape: the floor's medians at that goal's size."""
-    size = next((g.size_bytes for g in GOALS if g.name == goal["goal"]), None)
-    entry = next((e for e in summary["results"] if e["size_bytes"] == size), None)
+    """For a goal on the ratio to Gloo: the floor's medians at that goal's size (where the run
+    measured a floor), which say what share of the floor the target needed."""
+    spec = next((g for g in GOALS if g.name == goal["goal"]), None)
+    if spec is None or spec.key != "ratio":
+        return {}
+    entry = next((e for e in summary["results"] if e["size_bytes"] == spec.size_bytes), None)
     if entry is None or entry.get("gloo_over_floor") is None:
         return {}
     return {"gloo_over_floor": entry["gloo_over_floor"], "fraction_of_floor": entry.get("fraction_of_floor")}
