@@ -27,6 +27,7 @@ BENCHES: dict[str, str] = {
     "wire": "fireflyer.wire.bench",
     "kernels": "fireflyer.hfreduce.bench_kernels",
     "campaign": "fireflyer.hfreduce.bench_campaign",
+    "flows": "fireflyer.hfreduce.bench_flows",
     "allreduce": "fireflyer.hfreduce.bench_allreduce",
     "meta": "fireflyer.fs.bench_meta",
     "coord": "fireflyer.coord.bench",
