@@ -37,12 +37,13 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 
 import numpy as np
 
-from fireflyer.core.errors import Internal
 from fireflyer.wire.conn import tune_socket
 
+from ._node_procs import collect, reap, spawn
 from .copies import _fan_out
 from .launch_plan import node_cpus
 
@@ -138,10 +139,10 @@ def _node_main(cpus: tuple[int, ...] | None, tx: socket.socket | None, rx: socke
             for j in range(k):  # rank j's buffer read once, a result written once
                 _fan_out(addrs[j + 1:j + 2], int(addrs[j]), size, _COPY_BLOCK)
             mem.append(time.perf_counter() - t0)
-        out.send(("ok", net, mem))  # type: ignore[attr-defined]
+        out.send(("ok", (net, mem)))  # type: ignore[attr-defined]
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises
         barrier.abort()  # type: ignore[attr-defined]
-        out.send(("error", f"{type(e).__name__}: {e}", None))  # type: ignore[attr-defined]
+        out.send(("error", f"{type(e).__name__}: {e}"))  # type: ignore[attr-defined]
     finally:
         for s in (tx, rx):
             if s is not None:
@@ -191,43 +192,20 @@ def measure_floor(nodes: int, local_ranks: int, size: int, *, cpu_bind: str = "n
     pairs = _ring(nodes, congestion, buffers) if nodes > 1 else []
     barrier = ctx.Barrier(nodes, timeout=timeout_s)
     net_bytes = ring_bytes(nodes, size)
-    procs, pipes = [], []
+    procs: list[BaseProcess] = []
     try:
-        for i in range(nodes):
-            tx = pairs[i][0] if pairs else None
-            rx = pairs[i - 1][1] if pairs else None
-            recv_end, send_end = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_node_main, args=(shares[i], tx, rx, net_bytes, size, local_ranks, trials,
-                                                     barrier, send_end), daemon=True)
-            p.start()
-            send_end.close()
-            procs.append(p)
-            pipes.append(recv_end)
+        procs, pipes = spawn(ctx, nodes, _node_main, lambda i: (
+            shares[i], pairs[i][0] if pairs else None, pairs[i - 1][1] if pairs else None, net_bytes, size,
+            local_ranks, trials, barrier))
         for tx, rx in pairs:  # the children hold their own copies
             tx.close()
             rx.close()
         pairs = []
-        net, mem, errors = [], [], []
-        deadline = time.monotonic() + timeout_s
-        for i, r in enumerate(pipes):
-            if not r.poll(max(0.0, deadline - time.monotonic())):
-                raise Internal(f"floor: node {i} did not finish within {timeout_s:g} s", node=i)
-            status, a, b = r.recv()
-            if status != "ok":
-                errors.append(f"node {i}: {a}")
-            else:
-                net.append(a)
-                mem.append(b)
-        if errors:
-            raise Internal("floor: " + "; ".join(errors))
+        net, mem = zip(*collect(pipes, timeout_s, "floor"), strict=True)
     finally:
         for tx, rx in pairs:
             tx.close()
             rx.close()
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+        reap(procs)
     return Floor(net_s=combine(net) if nodes > 1 else 0.0, mem_s=combine(mem),
                  overlap=_overlaps(nodes, cpu_bind, allowed))

@@ -34,13 +34,15 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import numpy as np
 
-from fireflyer.core.errors import FireFlyerError, Internal, InvalidArgument
+from fireflyer.core.errors import FireFlyerError, InvalidArgument
 from fireflyer.core.sizes import parse_size
 
+from ._node_procs import collect, reap, spawn
 from .bench_floor import SocketBuffers, loopback_pair
 from .launch_plan import worker_env
 from .settings import load_worker_settings
@@ -118,47 +120,24 @@ def measure_flows(flows: Sequence[Flow], nodes: int, *, buf_bytes: int, piece: i
     if piece < 1 or buf_bytes < piece or seconds <= 0:
         raise InvalidArgument(f"need 0 < piece <= buffer and seconds > 0 (piece {piece}, buffer {buf_bytes}, "
                               f"seconds {seconds})")
-    socks = []
-    procs, pipes = [], []
-    ctx = mp.get_context("fork")
+    socks: list[tuple[socket.socket, socket.socket]] = []
+    procs: list[BaseProcess] = []
     try:
         for a, b in flows:
             socks.append(loopback_pair(a, b, congestion, buffers))
         start = time.time() + 0.5  # every node's threads ready before the clock starts
-        for i in range(nodes):
-            r, w = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_node_main, args=(i, flows, socks, buf_bytes, piece, start, seconds, w),
-                            daemon=True)
-            p.start()
-            w.close()
-            procs.append(p)
-            pipes.append(r)
+        procs, pipes = spawn(mp.get_context("fork"), nodes, _node_main,
+                             lambda i: (i, flows, socks, buf_bytes, piece, start, seconds))
         for tx, rx in socks:  # the children hold their own copies
             tx.close()
             rx.close()
         socks = []
-        total, errors = 0, []
-        deadline = time.monotonic() + seconds + timeout_s
-        for i, r in enumerate(pipes):
-            if not r.poll(max(0.0, deadline - time.monotonic())):
-                raise Internal(f"flows: node {i} did not finish", node=i)
-            status, value = r.recv()
-            if status == "ok":
-                total += value
-            else:
-                errors.append(f"node {i}: {value}")
-        if errors:
-            raise Internal("flows: " + "; ".join(errors))
-        return total / seconds
+        return sum(collect(pipes, seconds + timeout_s, "flows")) / seconds
     finally:
         for tx, rx in socks:
             tx.close()
             rx.close()
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+        reap(procs)
 
 
 def _links_setup() -> tuple[tuple[str, ...], SocketBuffers]:
