@@ -428,9 +428,16 @@ class Pipeline:
     def _read_loop(self: NodeEngine, lk: Link) -> None:
         """Receive every frame of one link, in order, for as long as it lives."""
         fs = lk.fs
+        # the express link: after a small op's frame, poll for the next one before sleeping
+        # (express.py, "Polling"); 0 when this is not that link or polling is off
+        poll_s = self.express_poll_s if self.express is not None and lk is self.express.link else 0.0
+        polls = False
         try:
             while True:
+                if polls:
+                    fs.poll_for(poll_s)
                 hdr, plen = fs.read_header()
+                polls = poll_s > 0 and hdr.op == XOP
                 if not isinstance(hdr, Request):
                     raise ProtocolError(f"unexpected {type(hdr).__name__} frame", reason="bad_frame")
                 if hdr.op == ABORT:

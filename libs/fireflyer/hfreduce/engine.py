@@ -93,7 +93,7 @@ from fireflyer.hfreduce.errors import (
     HFReduceError,
     PeerLost,
 )
-from fireflyer.hfreduce.express import EXPRESS_BYTES, Express
+from fireflyer.hfreduce.express import EXPRESS_BYTES, EXPRESS_POLL_S, Express
 from fireflyer.hfreduce.trees import TreeNode, double_binary_tree, zone_aware_double_tree
 from fireflyer.hfreduce.types import Fingerprint, OpStats
 from fireflyer.wire.conn import FramedSocket, congestion_of
@@ -125,7 +125,8 @@ class NodeEngine(Pipeline, Streaming):
     on the links, in order (:func:`fireflyer.wire.conn.set_congestion`; empty: the system
     default).  ``block_bytes``: the block of a streamed
     op's loops (:mod:`._blocks`); ``streaming=False`` runs every op the threaded way
-    (for comparisons).
+    (for comparisons).  ``express_poll_s``: how long a two-node engine's express link
+    polls for the next small op's frame before its reader sleeps (0: never polls).
     """
 
     def __init__(self, *, node_rank: int, addresses: Sequence[str], zones: Sequence[str] | None = None,
@@ -133,15 +134,17 @@ class NodeEngine(Pipeline, Streaming):
                  listen: socket.socket | None = None, sock_buf_bytes: int | None = None,
                  ring: int = 3, grace_s: float = 1.0, inline_bytes: int = 64 << 10,
                  block_bytes: int = BLOCK_BYTES, streaming: bool = True,
-                 tcp_congestion: Sequence[str] = (), send_buf_bytes: int | None = None) -> None:
+                 tcp_congestion: Sequence[str] = (), send_buf_bytes: int | None = None,
+                 express_poll_s: float = EXPRESS_POLL_S) -> None:
         n = len(addresses)
         if not 0 <= node_rank < n:
             raise InvalidArgument(f"node_rank {node_rank} not in 0..{n - 1}", node=node_rank, nnodes=n)
         if zones is not None and len(zones) != n:
             raise InvalidArgument("zones must name one zone per node", expected=n, got=len(zones))
-        if chunk_bytes < 64 or timeout_s <= 0 or ring < 2 or block_bytes < 64:
-            raise InvalidArgument("need chunk_bytes >= 64, timeout_s > 0, ring >= 2, block_bytes >= 64",
-                                  chunk_bytes=chunk_bytes, timeout_s=timeout_s, ring=ring, block_bytes=block_bytes)
+        if chunk_bytes < 64 or timeout_s <= 0 or ring < 2 or block_bytes < 64 or express_poll_s < 0:
+            raise InvalidArgument("need chunk_bytes >= 64, timeout_s > 0, ring >= 2, block_bytes >= 64, "
+                                  "express_poll_s >= 0", chunk_bytes=chunk_bytes, timeout_s=timeout_s, ring=ring,
+                                  block_bytes=block_bytes, express_poll_s=express_poll_s)
         for a in addresses:
             parse_address(a)
         self.node = node_rank
@@ -156,6 +159,9 @@ class NodeEngine(Pipeline, Streaming):
         #: two nodes: a small op is one exchange (each node sends its partial to the other and
         #: both reduce them in the same order), one hop instead of up then down
         self.exchange = n == 2
+        #: how long the express link's reader polls for the next small op's frame before it
+        #: sleeps (:mod:`.express`, "Polling"); a node's own choice, the peers need not agree
+        self.express_poll_s = express_poll_s
         # (the express path's limit too: two nodes that would choose differently refuse to connect)
         self._layout_key = (f"{chunk_bytes}-{self.inline_bytes}{f'-x-e{EXPRESS_BYTES}' if self.exchange else ''}"
                             f"{f'-s{block_bytes}' if streaming else ''}")

@@ -17,6 +17,8 @@ from fireflyer.core import sizes
 from fireflyer.core.errors import InvalidArgument, SettingsError
 from fireflyer.core.settings import load_settings
 
+from .express import EXPRESS_POLL_S
+
 __all__ = ["WorkerSettings", "parse_size", "load_worker_settings", "ENV_PREFIX", "MIN_SOCK_BUF"]
 
 ENV_PREFIX = "FF_HFREDUCE"
@@ -32,6 +34,9 @@ def parse_size(text: str | int, key: str = "chunk_size") -> int:
     except InvalidArgument as e:
         raise SettingsError(e.message, key=key, expected="size") from None
 
+
+#: the longest express poll: a reader that polls longer spends a CPU on nothing between ops
+_MAX_POLL_US = 10_000.0
 
 #: the smallest fixed socket buffer of the links (``sock_buf_size``, ``send_buf_size``): the kernel
 #: doubles the value asked for, and a loopback segment is ~64 KiB, so below 64K a link holds
@@ -69,6 +74,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     #: default.  Not BBR by default: its pacing costs CPU per byte and throughput on short
     #: links (``fireflyer.wire.conn.set_congestion``); reno is allowed to every process
     tcp_congestion: str = "cubic,reno"
+    #: microseconds a two-node worker's express link polls for the next small op's frame
+    #: before its reader sleeps (``express.EXPRESS_POLL_S``: why); 0 turns polling off
+    express_poll_us: float = EXPRESS_POLL_S * 1e6
     #: default deadline of one collective when the rank sets none
     timeout_s: float = 60.0
     #: bearer token the node engines present to each other
@@ -84,6 +92,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     #: the coordination service (``FF_COORD_ADDR``): with it and no ``--peers`` the worker
     #: joins through coord for its node rank, peers and zones (:mod:`fireflyer.coord`)
     coord_addr: str = ""
+
+    @property
+    def express_poll_s(self) -> float:
+        return self.express_poll_us * 1e-6
 
     @property
     def chunk_bytes(self) -> int:
@@ -123,6 +135,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError(f"tcp_congestion: {bad[0]!r} is not a congestion control name (a comma list such "
                                 f"as 'cubic,reno', or empty for the system default)", key="tcp_congestion",
                                 expected="comma list of names")
+        if not 0 <= self.express_poll_us <= _MAX_POLL_US:
+            raise SettingsError(f"express_poll_us must be between 0 (no polling) and {_MAX_POLL_US:g} "
+                                f"microseconds, got {self.express_poll_us}", key="express_poll_us",
+                                expected=f"float in [0, {_MAX_POLL_US:g}]")
         if self.timeout_s <= 0:
             raise SettingsError(f"timeout_s must be > 0, got {self.timeout_s}", key="timeout_s",
                                 expected="float > 0")

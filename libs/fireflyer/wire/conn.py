@@ -29,10 +29,12 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import select
 import socket
 import struct
 import termios
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -203,6 +205,7 @@ class FramedSocket:
         #: why the connection broke (the error raised when it did), for whoever closes it
         self.failure: FireFlyerError | None = None
         self._closed = False
+        self._poller: select.poll | None = None  # (poll_for's, made on first use)
 
     # ------------------------------------------------------------------ sending
 
@@ -324,6 +327,26 @@ class FramedSocket:
             raise self._break(e) from None
         self._rpos += header_len
         return header, payload_len
+
+    def poll_for(self, budget_s: float) -> bool:
+        """Wait up to ``budget_s`` for the next bytes *without sleeping*: poll the socket,
+        yielding the CPU between polls, and return whether bytes (or the peer's close) are
+        there.  For a reader that expects a frame within microseconds: on a VM, waking a
+        thread whose vCPU halted while it slept can cost tens of microseconds, more than
+        the wait itself.  Other runnable threads on this CPU still run (``sched_yield``)."""
+        if self._rend > self._rpos:
+            return True
+        poller = self._poller
+        if poller is None:
+            poller = self._poller = select.poll()
+            poller.register(self.sock.fileno(), select.POLLIN)
+        end = time.perf_counter() + budget_s
+        while True:
+            if poller.poll(0):
+                return True
+            if time.perf_counter() >= end:
+                return False
+            os.sched_yield()
 
     def _fill(self, need: int, *, at_boundary: bool) -> None:
         """Read until ``need`` unread bytes are buffered (taking whatever more is available)."""

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fireflyer.bus.connection import Bus
 from fireflyer.bus.subjects import subject
@@ -321,17 +322,19 @@ def _two_ranks(socks: list[str], job: str, sizes: tuple[int, ...], **init_kw: ob
 
 
 def test_two_workers_links_use_the_configured_congestion_control_and_send_buffer() -> None:
-    """FF_HFREDUCE_TCP_CONGESTION and FF_HFREDUCE_SEND_BUF_SIZE reach the engine: an unknown name
-    is skipped, reno (allowed to every process) is used on every link, every link's SO_SNDBUF is
-    the one asked for (doubled by the kernel), and the worker's info() says so."""
+    """FF_HFREDUCE_TCP_CONGESTION, FF_HFREDUCE_SEND_BUF_SIZE and FF_HFREDUCE_EXPRESS_POLL_US reach
+    the engine: an unknown name is skipped, reno (allowed to every process) is used on every link,
+    every link's SO_SNDBUF is the one asked for (doubled by the kernel), the express link polls
+    as long as asked, and the worker's info() says so."""
     ws, socks = _two_node_workers(WorkerSettings(tcp_congestion="no_such_cc,reno", chunk_size="4k",
-                                                 send_buf_size="96K"))
+                                                 send_buf_size="96K", express_poll_us=50))
     try:
         comms = _two_ranks(socks, "cc", (100000,))
         for w in ws:
             (info,) = w.info()["comms"].values()
             assert info["congestion"] == ["reno"], info
             assert info["send_buffers"] == [2 * 96 * 1024], info
+            assert info["express_poll_us"] == pytest.approx(50), info
         for c in comms:
             c.close()
     finally:

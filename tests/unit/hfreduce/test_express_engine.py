@@ -9,11 +9,13 @@ import time
 
 import numpy as np
 import pytest
-from engine_util import close_all, make_engines
+from engine_util import allreduce_all, close_all, make_engines
 
+from fireflyer.core.errors import InvalidArgument
 from fireflyer.hfreduce.errors import CollectiveAborted, CollectiveTimeout, FingerprintMismatch, HFReduceError
 from fireflyer.hfreduce.express import EXPRESS_BYTES, XOP, XOp
 from fireflyer.hfreduce.types import Fingerprint
+from fireflyer.wire.conn import FramedSocket
 from fireflyer.wire.frame import Request
 
 
@@ -163,3 +165,43 @@ def test_an_oversized_frame_fails_the_engine_without_taking_its_size_on_trust(pa
     _wait(lambda: e0.failed is not None, "node 0 fails")
     assert "express frame of" in str(e0.failed)
     _wait(lambda: e1.failed is not None, "node 1 hears of it")
+
+
+@pytest.mark.parametrize("poll_s", [0.002, 0.0])
+def test_the_express_link_polls_after_an_express_frame_and_only_then(monkeypatch, poll_s: float) -> None:
+    calls: list[tuple[object, float]] = []
+    real = FramedSocket.poll_for
+
+    def spy(fs: FramedSocket, budget_s: float) -> bool:
+        calls.append((fs, budget_s))
+        return real(fs, budget_s)
+
+    monkeypatch.setattr(FramedSocket, "poll_for", spy)
+    engines = make_engines(2, timeout_s=5.0, express_poll_s=poll_s)
+    try:
+        e0, e1 = engines
+        assert e0.express_poll_s == poll_s
+        big = [np.ones(20_000, np.float32) for _ in engines]  # an engine op: several frames on the express link
+        assert not any(isinstance(r, BaseException) for r in allreduce_all(engines, big, "sum", seq=0))
+        assert calls == []  # engine frames never make the reader poll
+        done: list[XOp] = []
+        for seq in (1, 2, 3):
+            for e in engines:
+                e.express.start(_op(seq, np.ones(2, np.float32), done))
+            _wait(lambda s=seq: sum(op.seq == s for op in done) == 2, f"op {seq} on both")
+        if poll_s:  # one poll per express frame received, by the link that received it, with the budget
+            _wait(lambda: len(calls) == 6, "a poll after each of the 6 express frames")
+            assert {id(fs) for fs, _ in calls} == {id(e0.express.link.fs), id(e1.express.link.fs)}
+            assert {b for _, b in calls} == {poll_s}
+        big = [np.ones(20_000, np.float32) for _ in engines]
+        assert not any(isinstance(r, BaseException) for r in allreduce_all(engines, big, "sum", seq=4))
+        assert big[0][0] == 2.0
+        assert len(calls) == (6 if poll_s else 0)  # the engine op after them: no more polls
+        assert e0.failed is None and e1.failed is None
+    finally:
+        close_all(engines)
+
+
+def test_a_negative_poll_budget_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="express_poll_s"):
+        make_engines(2, start=False, express_poll_s=-1e-6)

@@ -129,3 +129,14 @@ def test_ff_launch_hands_its_workers_the_block_for_its_local_ranks(monkeypatch: 
         with pytest.raises(Started):
             launcher._start_workers(launcher._plan(tmp_path))
         assert seen[-1].get("FF_HFREDUCE_BLOCK_SIZE") == block
+
+
+def test_the_express_poll_defaults_to_the_engine_s_and_is_bounded() -> None:
+    from fireflyer.hfreduce.express import EXPRESS_POLL_S
+
+    assert load_worker_settings(env={}).express_poll_s == pytest.approx(EXPRESS_POLL_S)
+    assert load_worker_settings(env={"FF_HFREDUCE_EXPRESS_POLL_US": "0"}).express_poll_s == 0.0  # off
+    assert load_worker_settings(env={"FF_HFREDUCE_EXPRESS_POLL_US": "50"}).express_poll_s == pytest.approx(50e-6)
+    for bad in ("-1", "20000", "soon"):
+        with pytest.raises(SettingsError, match="express_poll_us"):
+            load_worker_settings(env={"FF_HFREDUCE_EXPRESS_POLL_US": bad})

@@ -131,3 +131,34 @@ def test_tune_socket_fixes_the_send_buffer_alone_or_both() -> None:
         assert bufs(s) == (192 << 10, bufs(fresh)[1])
         tune_socket(both, io_timeout_s=None, buf_bytes=64 << 10, send_buf_bytes=96 << 10)
         assert bufs(both) == (128 << 10, 128 << 10)
+
+
+def test_poll_for_returns_when_bytes_come_or_the_budget_ends_and_never_sleeps_past_it(pair):
+    import time
+
+    a, b = pair
+    fs = FramedSocket(b, peer="p", limits=FrameLimits(), io_timeout_s=5)
+    t0 = time.perf_counter()
+    assert fs.poll_for(0.02) is False  # nothing came: the budget, then no more
+    took = time.perf_counter() - t0
+    assert 0.02 <= took < 1.0
+
+    timer = threading.Timer(0.01, lambda: a.sendall(bytes(encode_head(Request(rid=7, op="x"), 0))))
+    timer.start()
+    t0 = time.perf_counter()
+    assert fs.poll_for(5.0) is True  # bytes arrived while polling: back long before the budget
+    assert time.perf_counter() - t0 < 2.0
+    timer.join()
+    assert fs.poll_for(0.0) is True  # still unread: ready at once, even with no budget
+    header, _ = fs.read_header()
+    assert header.rid == 7
+
+    a.sendall(bytes(encode_head(Request(rid=8, op="x"), 0)) * 2)
+    fs.read_header()  # reads ahead: the second frame sits in the buffer, not the socket
+    assert fs.poll_for(0.0) is True
+    assert fs.read_header()[0].rid == 8
+
+    a.close()  # the peer's close counts as "there": read_header says what happened
+    assert fs.poll_for(5.0) is True
+    with pytest.raises(PeerClosed):
+        fs.read_header()
