@@ -23,17 +23,20 @@ with the engine's frames and its ``hfr.abort`` flood.
 **Polling.**  After an express frame the link's reader polls the socket for the next one
 for up to :data:`EXPRESS_POLL_S` (``WorkerSettings.express_poll_us``) before it blocks in
 ``recv``, yielding the CPU between polls (:meth:`fireflyer.wire.conn.FramedSocket.poll_for`).
-Small ops come in runs (a barrier, a run of small gradients, a training loop's metrics), and a
-two-node op waits on one hop from the other node's CPU.  A reader that sleeps there lets its
-CPU go idle, and on a VM waking an idle vCPU costs more than the hop: on the twenty-first VM
-(2026-11-27, KVM, guest halt-polling off) a Python ping-pong between two CPUs took 69-72 µs
-per round trip with both sides blocking and 27-28 µs when the receiving reader polled for up
-to 50 µs first; the same pair on one CPU took 6 µs.  On that VM, six interleaved launch
-pairs of ``ff bench allreduce --nodes 2 --sizes 4 --vs gloo``, polling off and at 200 µs: 146
-µs (119-159) against 110 µs (98-122) per op, 0.78x the time at the median of the pairs (0.65-
-1.03x), 1.00x Gloo against 1.35x; 2 x 4 local ranks, four pairs: 0.88x.  Polling costs at most the budget per op
-of CPU that was otherwise idle (the yield lets every runnable thread of the CPU go first), and
-it only follows an express frame, so a large op's frames never wait behind it.
+Small ops come in runs (a barrier, a run of small gradients, a training loop's metrics), and
+a two-node op waits on one hop from the other node's CPU.  A reader that sleeps there lets
+its CPU go idle, and on a VM waking an idle vCPU costs more than the hop: on the
+twenty-first VM (2026-11-27, KVM, guest halt-polling off) a Python ping-pong between two
+CPUs took 69-72 µs per round trip with both sides blocking and 27-28 µs when the receiving
+reader polled for up to 50 µs first; the same pair on one CPU took 6 µs.  There, in six
+interleaved launch pairs of ``ff bench allreduce --nodes 2 --sizes 4 --vs gloo`` with
+polling off and at 200 µs, an op took 146 µs (119-159) against 110 µs (98-122): 0.78x the
+time at the median of the pairs (0.65-1.03x), 1.00x Gloo against 1.35x; with 2 x 4 local
+ranks, four pairs, 0.88x.  Polling costs at most the budget per op, of CPU time that was
+otherwise idle (the yield lets every runnable thread of the CPU go first), and only an
+express frame starts it, so a large op's frames never wait behind it.  Not on the engine's
+links beyond two nodes: there, with more nodes than CPUs, polling after every small frame
+made 4 x 1 4-byte ops slower (1.07-1.20x the time in three pairs on the same VM).
 
 **Failures** go through the engine, so that both nodes hear them as they would from an
 engine op: a fingerprint that differs (also a frame for an op this node runs on the engine,

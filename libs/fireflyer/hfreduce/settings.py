@@ -17,8 +17,6 @@ from fireflyer.core import sizes
 from fireflyer.core.errors import InvalidArgument, SettingsError
 from fireflyer.core.settings import load_settings
 
-from .express import EXPRESS_POLL_S
-
 __all__ = ["WorkerSettings", "parse_size", "load_worker_settings", "ENV_PREFIX", "MIN_SOCK_BUF"]
 
 ENV_PREFIX = "FF_HFREDUCE"
@@ -75,8 +73,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     #: links (``fireflyer.wire.conn.set_congestion``); reno is allowed to every process
     tcp_congestion: str = "cubic,reno"
     #: microseconds a two-node worker's express link polls for the next small op's frame
-    #: before its reader sleeps (``express.EXPRESS_POLL_S``: why); 0 turns polling off
-    express_poll_us: float = EXPRESS_POLL_S * 1e6
+    #: before its reader sleeps (the engine's default, ``express.EXPRESS_POLL_S``, written out
+    #: here so that reading settings does not import the kernels; its docs say why); 0: off
+    express_poll_us: float = 200.0
     #: default deadline of one collective when the rank sets none
     timeout_s: float = 60.0
     #: bearer token the node engines present to each other
