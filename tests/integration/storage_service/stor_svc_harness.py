@@ -17,7 +17,7 @@ from typing import Any
 
 from fireflyer.mgmt.client import MgmtdClient
 from fireflyer.mgmt.model import PublicState, RoutingInfo
-from fireflyer.storage import ChunkId, ReadReply, ReadReq
+from fireflyer.storage import ChainVersionMismatch, ChunkId, ChunkNotFound, NotServing, ReadReply, ReadReq
 from fireflyer.storage.client_min import ConnectionPool, MgmtdRouting, SendLimiter, StorageClient
 from fireflyer.storage.protocol import OP_READ, ReadMsg, split_address, to_meta, wire_address
 from fireflyer.testing.poll import wait_for
@@ -46,6 +46,8 @@ STORAGE_ENV = {
     "FF_GRACE_S": "1",
 }
 CHUNK = 64 * 1024
+#: the chunk wait_all_serving reads from every replica to see that it is current
+_PROBE = ChunkId(999_999, 0, 0)
 
 
 class StorageCluster:
@@ -85,13 +87,29 @@ class StorageCluster:
         return r
 
     async def wait_all_serving(self, chains: int = 2, timeout_s: float = 20.0) -> RoutingInfo:
+        """Every target serving in mgmtd's routing *and* on its own node.  mgmtd publishes a
+        routing before the storage nodes pull it (every 0.3 s here), and until a node has it
+        a request sent with it is refused (the chain unknown, or at another version), which
+        a client retries but a test's raw request does not: so probe every replica."""
         async def ok() -> RoutingInfo | None:
             r = await self.routing()
             good = len(r.chains) == chains and all(
                 s is PublicState.SERVING for c in r.chains for s in c.states)
-            return r if good else None
+            return r if good and await asyncio.to_thread(self._all_current, r) else None
 
         return await wait_for(ok, timeout_s=timeout_s, interval_s=0.1, what="every target serving")
+
+    def _all_current(self, routing: RoutingInfo) -> bool:
+        """Does every replica serve a read at ``routing``'s chain versions?  (A chunk no test writes.)"""
+        for c in routing.chains:
+            for t in c.target_ids:
+                try:
+                    self.read_target(routing, c.chain_id, t, _PROBE)
+                except ChunkNotFound:
+                    pass
+                except (NotServing, ChainVersionMismatch):
+                    return False
+        return True
 
     async def wait_state(self, target: int, state: PublicState, timeout_s: float = 15.0) -> RoutingInfo:
         async def ok() -> RoutingInfo | None:
