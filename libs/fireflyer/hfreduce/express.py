@@ -27,8 +27,9 @@ Small ops come in runs (a barrier, a run of small gradients, a training loop's m
 a two-node op waits on one hop from the other node's CPU.  A reader that sleeps there lets
 its CPU go idle, and on a VM waking an idle vCPU costs more than the hop: on the
 twenty-first VM (2026-11-27, KVM, guest halt-polling off) a Python ping-pong between two
-CPUs took 69-72 µs per round trip with both sides blocking and 27-28 µs when the receiving
-reader polled for up to 50 µs first; the same pair on one CPU took 6 µs.  There, in six
+CPUs took 69-72 µs per round trip with both sides blocking, against 6 µs with the pair on
+one CPU; in another run, 72-82 µs blocking against 27-28 µs when the receiving reader
+polled for up to 50 µs first.  There, in six
 interleaved launch pairs of ``ff bench allreduce --nodes 2 --sizes 4 --vs gloo`` with
 polling off and at 200 µs, an op took 146 µs (119-159) against 110 µs (98-122): 0.78x the
 time at the median of the pairs (0.65-1.03x), 1.00x Gloo against 1.35x; with 2 x 4 local
