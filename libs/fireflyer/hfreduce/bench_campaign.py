@@ -14,10 +14,11 @@ percent from one minute to the next), so the README judges HFReduce's goals on a
 - ``--out DIR`` keeps every run's JSON (``kernels_<r>.json``, ``allreduce_<NxK>_<r>.json``),
   so a campaign cut short still leaves its finished runs behind.
 
-The table printed at the end has one row per goal and shape; for the allreduce goals it adds
-what the floor said in the same runs (``gloo / floor`` is the highest ratio to Gloo any
-allreduce could have had; ``% of floor`` is how close ours came).  ``--json PATH`` (``-``:
-stdout) writes the whole campaign: the folded goals, every shape's medians
+The table printed at the end has one row per goal and shape; for the goals on a ratio it adds
+what the floor said in the same runs: ``gloo / floor`` is the highest ratio to Gloo any
+allreduce could have had, ``numpy / read floor`` the highest ratio to numpy any fp32 kernel
+could have had (reading the inputs once and nothing else); ``% of floor`` is how close ours
+came.  ``--json PATH`` (``-``: stdout) writes the whole campaign: the folded goals, every shape's medians
 (:func:`.bench_runs.summarize_runs`) and every run's kernel goals.
 
 The decisions (:func:`parse_shapes`, :func:`fold_goals`, :func:`campaign_result`) are pure;
@@ -102,13 +103,25 @@ def _floor_context(summary: dict[str, Any], goal: dict[str, Any]) -> dict[str, A
     return {"gloo_over_floor": entry["gloo_over_floor"], "fraction_of_floor": entry.get("fraction_of_floor")}
 
 
+def _read_floor_context(per_run: Sequence[Sequence[dict[str, Any]]], name: str) -> dict[str, Any]:
+    """For a kernel goal whose runs carry the read floor (fp32 k=8 vs numpy): its medians over
+    the runs, which say what share of the floor the target needed."""
+    runs = [g for goals in per_run for g in goals if g["goal"] == name and g.get("numpy_over_floor") is not None]
+    if not runs:
+        return {}
+    fractions = [g["fraction_of_floor"] for g in runs if g.get("fraction_of_floor") is not None]
+    return {"numpy_over_floor": statistics.median(g["numpy_over_floor"] for g in runs),
+            "fraction_of_floor": statistics.median(fractions) if fractions else None}
+
+
 def campaign_result(kernel_docs: Sequence[dict[str, Any]],
                     allreduce_docs: dict[tuple[int, int], list[dict[str, Any]]]) -> dict[str, Any]:
     """The campaign's JSON object from its runs (pure): folded goals, per-shape summaries."""
     goals: list[dict[str, Any]] = []
     if kernel_docs:
-        for g in fold_goals([d.get("goals", []) for d in kernel_docs]):
-            goals.append({"bench": "kernels", "shape": None, **g})
+        per_run = [d.get("goals", []) for d in kernel_docs]
+        for g in fold_goals(per_run):
+            goals.append({"bench": "kernels", "shape": None, **g, **_read_floor_context(per_run, g["goal"])})
     shapes: dict[str, Any] = {}
     for shape, docs in allreduce_docs.items():
         if not docs:
@@ -178,19 +191,24 @@ def goal_lines(result: dict[str, Any]) -> list[str]:
     for g in result["goals"]:
         # a goal on a fraction (of the bound, of STREAM add: a target below 1) reads as a percentage
         fmt: Callable[[float], str] = (lambda v: f"{v * 100:.0f}%") if g["target"] < 1 else (lambda v: f"{v:.2f}x")
-        floor = ""
-        if g.get("gloo_over_floor") is not None:
-            need = g["target"] / g["gloo_over_floor"]
-            floor = (f"gloo / floor {g['gloo_over_floor']:.2f}x: the target needs {need * 100:.0f}% of the floor"
-                     + (f", ours at {g['fraction_of_floor'] * 100:.0f}%" if g.get("fraction_of_floor") else ""))
         lines.append(f"| {_label(g)} | {fmt(g['median'])} | {fmt(g['range'][0])}–{fmt(g['range'][1])} | "
                      f"{g['runs_met']} of {g['runs']} | {fmt(g['target'])} | {'met' if g['met'] else 'MISSED'} | "
-                     f"{floor} |")
+                     f"{_floor_text(g)} |")
     lines.append("")
     lines.append("missed at the median: " + (", ".join(result["missed"]) or "none"))
     if result.get("kernels_bit_exact") is not None:
         lines.append("kernels bit-exact against numpy in every round: " + ("yes" if result["kernels_bit_exact"] else "NO"))
     return lines
+
+
+def _floor_text(g: dict[str, Any]) -> str:
+    """The floor column of a goal on a ratio (to Gloo: the allreduce floor; to numpy: the read floor)."""
+    for key, anchor in (("gloo_over_floor", "gloo / floor"), ("numpy_over_floor", "numpy / read floor")):
+        if g.get(key) is not None:
+            need = g["target"] / g[key]
+            return (f"{anchor} {g[key]:.2f}x: the target needs {need * 100:.0f}% of the floor"
+                    + (f", ours at {g['fraction_of_floor'] * 100:.0f}%" if g.get("fraction_of_floor") else ""))
+    return ""
 
 
 def _real_kernels(size: int) -> dict[str, Any]:

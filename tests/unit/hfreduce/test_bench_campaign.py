@@ -19,10 +19,12 @@ M64 = 64 << 20
 
 
 def kernels_doc(r: int, ratio: float, exact: bool = True) -> dict:
-    """A stand-in for one ``ff bench kernels`` run (round ``r``): its fp32 k=8 ratio to numpy."""
+    """A stand-in for one ``ff bench kernels`` run (round ``r``): its fp32 k=8 ratio to numpy, and
+    the read floor of the run (numpy took 2.0 + r/10 times the floor, ours 80 + r % of it)."""
+    floor = {"numpy_over_floor": 2.0 + r / 10, "fraction_of_floor": 0.8 + r / 100}
     return {"bench": "kernels", "git_sha": "abc", "cpu_count": 2,
-            "results": [{"dtype": "fp32", "k": 8, "vs_numpy": ratio, "bit_exact": exact}],
-            "goals": [{"goal": "fp32 k=8 vs numpy", "value": ratio, "target": 2.0, "met": ratio >= 2.0},
+            "results": [{"dtype": "fp32", "k": 8, "vs_numpy": ratio, "bit_exact": exact, **floor}],
+            "goals": [{"goal": "fp32 k=8 vs numpy", "value": ratio, "target": 2.0, "met": ratio >= 2.0, **floor},
                       {"goal": "fp32 k=8 vs STREAM add", "value": 0.9 + r / 100, "target": 0.8, "met": True}]}
 
 
@@ -93,6 +95,8 @@ def test_rounds_interleave_the_shapes_keep_every_run_and_fold_the_goals(tmp_path
     by = {(g["shape"], g["goal"]): g for g in res["goals"]}
     k = by[None, "fp32 k=8 vs numpy"]
     assert (k["median"], k["runs_met"], k["met"]) == (1.9, 1, False)
+    assert (k["numpy_over_floor"], k["fraction_of_floor"]) == pytest.approx((2.2, 0.82))  # the read floor's medians over the rounds
+    assert "numpy_over_floor" not in by[None, "fp32 k=8 vs STREAM add"]
     big = by["2x4", "2x4 64M vs Gloo"]
     assert (big["median"], big["range"], big["runs_met"], big["met"]) == (4.8, [4.5, 5.2], 1, False)
     assert big["gloo_over_floor"] == 6.0 and big["fraction_of_floor"] == 0.8  # the floor of the same runs
@@ -106,6 +110,8 @@ def test_rounds_interleave_the_shapes_keep_every_run_and_fold_the_goals(tmp_path
     lines = "\n".join(goal_lines(res))
     assert "| 2x4: 2x4 64M vs Gloo | 4.80x | 4.50x–5.20x | 1 of 3 | 5.00x | MISSED |" in lines
     assert "the target needs 83% of the floor, ours at 80%" in lines
+    assert "| fp32 k=8 vs numpy | 1.90x | 1.80x–2.10x | 1 of 3 | 2.00x | MISSED | numpy / read floor 2.20x: " \
+           "the target needs 91% of the floor, ours at 82% |" in lines
     assert "| 4x1: 4x1 64M of the loopback bound | 60% | 60%–60% | 0 of 3 | 80% | MISSED |  |" in lines
     assert "kernels bit-exact against numpy in every round: yes" in lines
 

@@ -371,6 +371,17 @@ def test_bench_reports_anchors_ratios_and_goals(capsys: pytest.CaptureFixture[st
     assert [(r["dtype"], r["k"]) for r in report["results"]] == [("fp32", 2), ("fp32", 8), ("bf16", 2), ("bf16", 8)]
     assert all(r["bit_exact"] and r["gbs"] > 0 and r["vs_numpy"] > 0 for r in report["results"])
     assert {g["goal"] for g in report["goals"]} >= {"fp32 k=8 vs numpy", "fp32 k=8 vs STREAM add", "bf16 k=8 vs numpy"}
+    for r in report["results"]:  # the read floor: fp32 rows only, its ratios taken from the row's own times
+        if r["dtype"] != "fp32":
+            assert "read_floor_s" not in r
+            continue
+        assert r["read_floor_s"] > 0 and r["read_floor_gbs"] > 0
+        assert r["numpy_over_floor"] == pytest.approx(r["numpy_s"] / r["read_floor_s"], rel=1e-2)
+        assert r["fraction_of_floor"] == pytest.approx(r["read_floor_s"] / r["kernel_s"], rel=1e-2)
+    goal = next(g for g in report["goals"] if g["goal"] == "fp32 k=8 vs numpy")
+    fp32_8 = next(r for r in report["results"] if (r["dtype"], r["k"]) == ("fp32", 8))
+    assert (goal["numpy_over_floor"], goal["fraction_of_floor"]) == (fp32_8["numpy_over_floor"],
+                                                                     fp32_8["fraction_of_floor"])
 
 
 def test_bench_without_json_names_the_missed_goals_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
