@@ -74,23 +74,27 @@ def pattern_flows(pattern: str, nodes: int) -> list[Flow]:
 
 
 def _node_main(node: int, flows: Sequence[Flow], socks: Sequence[tuple[socket.socket, socket.socket]],
-               buf_bytes: int, piece: int, start: float, seconds: float, out: Any) -> None:
-    """One node: a thread per end of its flows; sends ``piece`` at a time until ``start + seconds``."""
+               buf_bytes: int, piece: int, ready: Any, seconds: float, out: Any) -> None:
+    """One node: a thread per end of its flows; sends ``piece`` at a time for ``seconds``.
+
+    Every buffer is allocated and touched before the nodes meet at ``ready`` and the clock
+    starts: faulting in 24 buffers of 64 MiB (twelve flows, both ends) takes longer than a
+    short trial, and inside it made a one-second trial read anywhere from 2% to 100% of the
+    rate.
+    """
     got = [0]
     lock = threading.Lock()
 
-    def send(s: socket.socket) -> None:
-        src = memoryview(np.ones(buf_bytes, np.uint8))
+    def send(s: socket.socket, src: memoryview, stop: float) -> None:
         off = 0
         try:
-            while time.time() < start + seconds:
+            while time.time() < stop:
                 s.sendall(src[off:off + piece])
                 off = (off + piece) % buf_bytes
         finally:
             s.shutdown(socket.SHUT_WR)  # the receiver's end of the run
 
-    def recv(s: socket.socket) -> None:
-        sink = memoryview(np.zeros(buf_bytes, np.uint8))
+    def recv(s: socket.socket, sink: memoryview) -> None:
         off = n = 0
         while (k := s.recv_into(sink[off:off + piece], piece, socket.MSG_WAITALL)) > 0:
             n += k
@@ -99,11 +103,13 @@ def _node_main(node: int, flows: Sequence[Flow], socks: Sequence[tuple[socket.so
             got[0] += n
 
     try:
-        ends = [threading.Thread(target=send, args=(tx,)) for (a, _), (tx, _) in zip(flows, socks, strict=True)
-                if a == node]
-        ends += [threading.Thread(target=recv, args=(rx,)) for (_, b), (_, rx) in zip(flows, socks, strict=True)
-                 if b == node]
-        time.sleep(max(0.0, start - time.time()))
+        tx = [t for (a, _), (t, _) in zip(flows, socks, strict=True) if a == node]
+        rx = [r for (_, b), (_, r) in zip(flows, socks, strict=True) if b == node]
+        bufs = [memoryview(np.ones(buf_bytes, np.uint8)) for _ in range(len(tx) + len(rx))]  # (ones: touched)
+        ready.wait()
+        stop = time.time() + seconds
+        ends = [threading.Thread(target=send, args=(t, b, stop)) for t, b in zip(tx, bufs, strict=False)]
+        ends += [threading.Thread(target=recv, args=(r, b)) for r, b in zip(rx, bufs[len(tx):], strict=True)]
         for t in ends:
             t.start()
         for t in ends:
@@ -125,9 +131,9 @@ def measure_flows(flows: Sequence[Flow], nodes: int, *, buf_bytes: int, piece: i
     try:
         for a, b in flows:
             socks.append(loopback_pair(a, b, congestion, buffers))
-        start = time.time() + 0.5  # every node's threads ready before the clock starts
-        procs, pipes = spawn(mp.get_context("fork"), nodes, _node_main,
-                             lambda i: (i, flows, socks, buf_bytes, piece, start, seconds))
+        ctx = mp.get_context("fork")
+        ready = ctx.Barrier(nodes, timeout=timeout_s)  # every node's buffers in place before the clock starts
+        procs, pipes = spawn(ctx, nodes, _node_main, lambda i: (i, flows, socks, buf_bytes, piece, ready, seconds))
         for tx, rx in socks:  # the children hold their own copies
             tx.close()
             rx.close()

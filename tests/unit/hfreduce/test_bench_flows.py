@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 
+import numpy as np
 import pytest
 
 from fireflyer.cli.main import main as ff_main
@@ -30,6 +32,20 @@ def test_flows_carry_bytes_and_bad_sizes_are_refused() -> None:
     assert rate > 1e6  # bytes per second, summed over the four flows
     with pytest.raises(InvalidArgument):
         measure_flows([(0, 1)], 2, buf_bytes=1 << 10, piece=1 << 20, seconds=0.1)
+
+
+def test_the_clock_starts_once_every_buffer_is_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Faulting in big buffers is not part of a trial: with each allocation taking longer than the
+    whole trial, flows that set up their buffers on the clock would carry nothing at all."""
+    real_ones = np.ones
+
+    def slow_ones(*args: object, **kw: object) -> np.ndarray:
+        time.sleep(0.4)
+        return real_ones(*args, **kw)
+
+    monkeypatch.setattr(np, "ones", slow_ones)  # (the node processes are forked: they inherit it)
+    rate = measure_flows(pattern_flows("ring", 2), 2, buf_bytes=1 << 20, piece=64 << 10, seconds=0.2)
+    assert rate > 1e6
 
 
 def test_the_cli_interleaves_the_patterns_and_rates_them_against_the_first(capsys: pytest.CaptureFixture[str]) -> None:
