@@ -38,7 +38,18 @@ Per run, for every size:
   best of the trials before and after the collectives.  ``fraction_of_floor``
   (floor / ours) says how close ours gets, and ``gloo_over_floor`` (Gloo's time /
   the floor) is the highest ratio to Gloo that any implementation moving those
-  bytes could have reached in this run: a goal above it is out of this machine's reach.
+  bytes could have reached in this run: a goal above it is out of this machine's reach;
+- **the tree's flows** (nodes > 2, sizes >= 1 MiB, :mod:`.bench_flows`): what loopback carries,
+  in aggregate, for the flows a large op keeps busy -- every edge of both trees, both ways
+  (twelve for 4 nodes against the bound's four pairs) -- stripped of the allreduce: a thread per
+  flow end in a process per node, the links' congestion control and send buffer, ``sendall``
+  / ``recv_into`` of one block at a time from and into buffers of the op's size (at most
+  64 MiB), for a second, best of the trials before and after the collectives.
+  ``fraction_of_tree_flows`` (ours' aggregate 2(n-1)*S/t over it) says how close ours came
+  to the rate of its own pattern, and ``bound_over_tree_flows`` (C over it) how much more the
+  bound's pairs carried: ``fraction_of_bound`` can reach at most about ``1 /
+  bound_over_tree_flows`` for an allreduce over the double tree.  (With two nodes the trees'
+  flows are the pair's, both ways.)
 
 ``--runs N`` runs all of it N times back to back and reports each figure's median and range
 (:mod:`.bench_runs`).  The JSON's ``goals`` (:mod:`.bench_goals`) judges the run -- or, with
@@ -70,6 +81,7 @@ from fireflyer.wire.conn import congestion_of, set_congestion
 
 from . import _blocks
 from .bench_floor import Floor, SocketBuffers, loopback_pair, measure_floor
+from .bench_flows import measure_flows, pattern_flows
 from .bench_goals import goals, missed
 from .bench_runs import fmt_size, spread_lines, summarize_runs
 from .launch import Launcher, print_line
@@ -81,6 +93,10 @@ __all__ = ["main", "run_bench", "loopback_capacity", "busbw", "table_rows", "mar
 #: rank program (``python -m``), shared by both modes
 _RANK_MODULE = "fireflyer.hfreduce._bench_rank"
 _MIN_BOUND_BYTES = 1 << 20
+#: the tree-flows anchor: seconds per trial, and the largest buffer per flow end (12 flows of
+#: 4 nodes hold 24 of them)
+_TREE_FLOW_SECONDS = 1.0
+_TREE_FLOW_MAX_BUF = 64 << 20
 _GB = 1e9
 
 RankResults = dict[int, list[dict[str, Any]]]
@@ -284,12 +300,21 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
         return measure_floor(nodes, local_ranks, s // itemsize * itemsize, cpu_bind=cpu_bind, congestion=cc,
                              buffers=b)
 
+    tree_sizes = anchor_sizes if nodes > 2 else []
+
+    def tree_flows(s: int) -> float:
+        piece = min(ws.block_bytes, s)
+        return measure_flows(pattern_flows("tree", nodes), nodes, buf_bytes=max(piece, min(s, _TREE_FLOW_MAX_BUF)),
+                             piece=piece, seconds=_TREE_FLOW_SECONDS, congestion=cc, buffers=bufs[0])
+
     caps = {s: loopback_capacity(nodes, s, congestion=cc, buffers=bufs) for s in anchor_sizes}
     floors = {s: floor_of(s, bufs[0]) for s in floor_sizes}
+    trees = {s: tree_flows(s) for s in tree_sizes}
     ours = _run_ranks("hfreduce", nodes, local_ranks, sizes, dtype, **kw)  # type: ignore[arg-type]
     gloo = _run_ranks("gloo", nodes, local_ranks, sizes, dtype, **kw) if vs == "gloo" else {}  # type: ignore[arg-type]
     caps = {s: max(c, loopback_capacity(nodes, s, congestion=cc, buffers=bufs)) for s, c in caps.items()}
     floors = {s: _best_floor(f, floor_of(s, bufs[-1])) for s, f in floors.items()}
+    trees = {s: max(t, tree_flows(s)) for s, t in trees.items()}
     entries: list[dict[str, Any]] = []
     for size in sizes:
         o = _slowest(ours.get(size, []), world, "hfreduce", size)
@@ -302,7 +327,8 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
                              "busbw_GBps": busbw(alg, world), "gloo_time_s": None, "gloo_algbw_GBps": None,
                              "gloo_busbw_GBps": None, "ratio": None, "loopback_GBps": None, "bound_GBps": None,
                              "fraction_of_bound": None, "floor_time_s": None, "floor_net_s": None,
-                             "floor_mem_s": None, "fraction_of_floor": None, "gloo_over_floor": None}
+                             "floor_mem_s": None, "fraction_of_floor": None, "gloo_over_floor": None,
+                             "tree_flows_GBps": None, "fraction_of_tree_flows": None, "bound_over_tree_flows": None}
         if vs == "gloo":
             g = _slowest(gloo.get(size, []), world, "gloo", size)
             if "unsupported" in g:
@@ -315,6 +341,11 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
             cap = caps[size] / _GB
             e.update(loopback_GBps=cap, bound_GBps=cap / (2 * (nodes - 1)),
                      fraction_of_bound=alg / (cap / (2 * (nodes - 1))))
+        if size in trees:
+            tree = trees[size] / _GB
+            e.update(tree_flows_GBps=tree, fraction_of_tree_flows=alg * 2 * (nodes - 1) / tree)
+            if e["loopback_GBps"]:
+                e["bound_over_tree_flows"] = e["loopback_GBps"] / tree
         if size in floors:
             fl = floors[size]
             e.update(floor_time_s=fl.time_s, floor_net_s=fl.net_s, floor_mem_s=fl.mem_s,
@@ -330,7 +361,10 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
                        "bound = C/(2(nodes-1)), C = aggregate loopback TCP throughput of `nodes` concurrent pairs; "
                        "floor = time of the bytes every allreduce must move (each node: 2(nodes-1)/nodes*S sent and "
                        "received over loopback TCP, its local_ranks buffers read and written once), moved alone; "
-                       "gloo_over_floor = the highest ratio to Gloo any implementation could reach in this run",
+                       "gloo_over_floor = the highest ratio to Gloo any implementation could reach in this run; "
+                       "tree_flows = aggregate loopback TCP throughput of every edge of both trees both ways "
+                       "(nodes > 2); fraction_of_tree_flows = 2(nodes-1)*algbw / tree_flows; "
+                       "bound_over_tree_flows = C / tree_flows",
         "results": entries,
         "goals": [],  # (filled below: the goals read from these results)
         "tcp_congestion": tcp_congestion(cc),
@@ -361,12 +395,12 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         return "-" if not x else f"{x:.2f}x"
 
     head = ["size", "time", "algbw GB/s", "busbw GB/s", "gloo time", "gloo algbw", "ratio", "bound GB/s",
-            "% of bound", "floor", "% of floor", "gloo / floor"]
+            "% of bound", "% of tree flows", "floor", "% of floor", "gloo / floor"]
     rows = []
     for e in result["results"]:
         rows.append([fmt_size(e["size_bytes"]), t(e["time_s"]), f(e["algbw_GBps"], ".3f"), f(e["busbw_GBps"], ".3f"),
                      t(e["gloo_time_s"]), f(e["gloo_algbw_GBps"], ".3f"), times(e["ratio"]),
-                     f(e["bound_GBps"], ".3f"), pct(e["fraction_of_bound"]),
+                     f(e["bound_GBps"], ".3f"), pct(e["fraction_of_bound"]), pct(e.get("fraction_of_tree_flows")),
                      t(e.get("floor_time_s")), pct(e.get("fraction_of_floor")), times(e.get("gloo_over_floor"))])
     return head, rows
 

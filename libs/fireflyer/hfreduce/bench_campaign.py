@@ -18,7 +18,9 @@ The table printed at the end has one row per goal and shape; for the goals on a 
 what the floor said in the same runs: ``gloo / floor`` is the highest ratio to Gloo any
 allreduce could have had, ``numpy / read floor`` the highest ratio to numpy any fp32 kernel
 could have had (reading the inputs once and nothing else); ``% of floor`` is how close ours
-came.  ``--json PATH`` (``-``: stdout) writes the whole campaign: the folded goals, every shape's medians
+came.  For the share of the loopback bound it adds ``bound / tree flows``: how much more the
+bound's pairs carried than the double tree's own flows, stripped of the allreduce, so the
+target's share of those flows and ours.  ``--json PATH`` (``-``: stdout) writes the whole campaign: the folded goals, every shape's medians
 (:func:`.bench_runs.summarize_runs`) and every run's kernel goals.
 
 The decisions (:func:`parse_shapes`, :func:`fold_goals`, :func:`campaign_result`) are pure;
@@ -92,15 +94,20 @@ def fold_goals(per_run: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, An
 
 
 def _floor_context(summary: dict[str, Any], goal: dict[str, Any]) -> dict[str, Any]:
-    """For a goal on the ratio to Gloo: the floor's medians at that goal's size (where the run
-    measured a floor), which say what share of the floor the target needed."""
+    """The medians, at the goal's size, of what its anchor said in the same runs: for a goal on
+    the ratio to Gloo the floor's, for one on the share of the loopback bound the tree flows'
+    (where the runs measured them), which say what share of that anchor the target needed."""
     spec = next((g for g in GOALS if g.name == goal["goal"]), None)
-    if spec is None or spec.key != "ratio":
+    entry = None if spec is None else next((e for e in summary["results"] if e["size_bytes"] == spec.size_bytes),
+                                           None)
+    if spec is None or entry is None:
         return {}
-    entry = next((e for e in summary["results"] if e["size_bytes"] == spec.size_bytes), None)
-    if entry is None or entry.get("gloo_over_floor") is None:
-        return {}
-    return {"gloo_over_floor": entry["gloo_over_floor"], "fraction_of_floor": entry.get("fraction_of_floor")}
+    if spec.key == "ratio" and entry.get("gloo_over_floor") is not None:
+        return {"gloo_over_floor": entry["gloo_over_floor"], "fraction_of_floor": entry.get("fraction_of_floor")}
+    if spec.key == "fraction_of_bound" and entry.get("bound_over_tree_flows") is not None:
+        return {"bound_over_tree_flows": entry["bound_over_tree_flows"],
+                "fraction_of_tree_flows": entry.get("fraction_of_tree_flows")}
+    return {}
 
 
 def _read_floor_context(per_run: Sequence[Sequence[dict[str, Any]]], name: str) -> dict[str, Any]:
@@ -202,7 +209,12 @@ def goal_lines(result: dict[str, Any]) -> list[str]:
 
 
 def _floor_text(g: dict[str, Any]) -> str:
-    """The floor column of a goal on a ratio (to Gloo: the allreduce floor; to numpy: the read floor)."""
+    """The anchor column of a goal: on the ratio to Gloo the allreduce floor, on the ratio to
+    numpy the read floor, on the share of the loopback bound what the tree's own flows carried."""
+    if g.get("bound_over_tree_flows") is not None:
+        x, ours = g["bound_over_tree_flows"], g.get("fraction_of_tree_flows")
+        return (f"bound / tree flows {x:.2f}x: the target needs {g['target'] * x * 100:.0f}% of what the tree's "
+                "flows carry" + (f", ours at {ours * 100:.0f}%" if ours else ""))
     for key, anchor in (("gloo_over_floor", "gloo / floor"), ("numpy_over_floor", "numpy / read floor")):
         if g.get(key) is not None:
             need = g["target"] / g[key]

@@ -13,7 +13,8 @@ from fireflyer.hfreduce.bench_allreduce import loopback_capacity, main
 
 REQUIRED = {"size_bytes", "dtype", "nodes", "local_ranks", "time_s", "algbw_GBps", "busbw_GBps",
             "gloo_algbw_GBps", "ratio", "gloo_time_s", "bound_GBps", "fraction_of_bound", "floor_time_s",
-            "floor_net_s", "floor_mem_s", "fraction_of_floor", "gloo_over_floor"}
+            "floor_net_s", "floor_mem_s", "fraction_of_floor", "gloo_over_floor", "tree_flows_GBps",
+            "fraction_of_tree_flows", "bound_over_tree_flows"}
 
 
 def test_two_nodes_vs_gloo_with_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -45,6 +46,7 @@ def test_two_nodes_vs_gloo_with_bound(tmp_path: Path, capsys: pytest.CaptureFixt
     assert big["floor_time_s"] >= max(big["floor_net_s"], big["floor_mem_s"])
     assert big["fraction_of_floor"] == pytest.approx(big["floor_time_s"] / big["time_s"])
     assert big["gloo_over_floor"] == pytest.approx(big["gloo_time_s"] / big["floor_time_s"])
+    assert big["tree_flows_GBps"] is None  # two nodes: the trees' flows are the pair's
     cc = doc["tcp_congestion"]
     assert cc["hfreduce"] == cc["anchors"] and cc["gloo"] == cc["system"]
     assert cc["hfreduce"] in ("cubic", "reno")  # the workers' default prefers these to the system's
@@ -53,6 +55,33 @@ def test_two_nodes_vs_gloo_with_bound(tmp_path: Path, capsys: pytest.CaptureFixt
     # the run judges itself on the goals its shape has: at 2 nodes, the 4-byte latency against Gloo
     assert doc["goals"] == [{"goal": "2 nodes 4 B vs Gloo", "value": small["ratio"], "target": 1.0,
                              "met": small["ratio"] >= 1.0}]
+
+
+def test_three_nodes_measure_the_flows_of_their_trees(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Beyond two nodes the run measures what the double tree's own flows carry (8 for 3 nodes) and
+    sets ours and the bound against it."""
+    import fireflyer.hfreduce.bench_allreduce as ba
+    import fireflyer.hfreduce.bench_flows as bf
+
+    monkeypatch.setattr(ba, "_TREE_FLOW_SECONDS", 0.2)
+    patterns: list[tuple[int, int]] = []
+    real = bf.pattern_flows
+
+    def spy(pattern: str, nodes: int) -> list[tuple[int, int]]:
+        flows = real(pattern, nodes)
+        patterns.append((len(flows), nodes))
+        return flows
+
+    monkeypatch.setattr(ba, "pattern_flows", spy)
+    rc = main(["--nodes", "3", "--local-ranks", "1", "--sizes", "4,1M", "--target-s", "0.05", "--json", "-"])
+    assert rc == 0
+    small, big = json.loads(capsys.readouterr().out)["results"]
+    assert patterns == [(8, 3), (8, 3)]  # before and after the collectives, the best kept
+    assert small["tree_flows_GBps"] is None  # latency-bound sizes have no anchors
+    assert big["tree_flows_GBps"] > 0
+    assert big["fraction_of_tree_flows"] == pytest.approx(big["algbw_GBps"] * 4 / big["tree_flows_GBps"])
+    assert big["bound_over_tree_flows"] == pytest.approx(big["loopback_GBps"] / big["tree_flows_GBps"])
 
 
 def test_one_node_two_ranks_bf16_json_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
