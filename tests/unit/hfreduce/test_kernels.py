@@ -249,7 +249,7 @@ def test_out_may_alias_an_input(dt: type, pos: int) -> None:
     assert_same(xs[pos], ref)
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8, 12])
 def test_big_float32_sum_non_temporal_path(k: int) -> None:
     # out at least _STREAM_MIN_BYTES: the float32 sum takes the non-temporal store path; odd
     # element offsets make out and the inputs start off a 64-byte boundary (scalar head / tail)
@@ -267,12 +267,14 @@ def test_big_float32_sum_non_temporal_path(k: int) -> None:
     assert_same(xs[k - 1], ref)
 
 
+@pytest.mark.parametrize("k", [8, 9, 13, 16])
 @pytest.mark.parametrize("block", [16, 1000, 4096, 1 << 16])
-def test_non_temporal_sum_is_the_same_for_every_block_length(block: int) -> None:
+def test_non_temporal_sum_is_the_same_for_every_block_length(block: int, k: int) -> None:
     # the block is the machine's (stream_block); whatever it is, the bits are the reference's,
-    # with ragged last blocks and an out that starts off a 64-byte boundary
+    # with ragged last blocks and an out that starts off a 64-byte boundary; k = 8 is one pass,
+    # 9, 13 and 16 fold the first inputs into the accumulators (one, two and two passes) first
     n = 3 * 4096 + 37
-    xs = random_inputs(np.dtype(F32), 9, n, seed=block)
+    xs = random_inputs(np.dtype(F32), k, n, seed=block + k)
     ref = reference(xs, "sum", np.dtype(F32))
     out = np.empty(n + 1, F32)[1:]
     out[...] = np.nan
