@@ -265,29 +265,39 @@ def _sum_nt(typingctx, dst, acc, p0, p1, p2, p3, p4, p5, p6, p7, lo, nvec, g,  #
     A non-temporal store sends the line to memory without reading it first, which
     a plain store does: one stream of memory traffic less.  LLVM's vectorizer does
     not emit aligned ones from a scalar loop, hence the explicit <16 x float> loop.
-    ``g`` and ``has_acc`` are literals (the loop is generated for each).
+    ``g`` is a literal (the loop is generated for each); ``has_acc`` picks one of the two
+    loops generated for it, outside them.
     """
-    if not (isinstance(g, types.IntegerLiteral) and isinstance(has_acc, types.IntegerLiteral)
+    if not (isinstance(g, types.IntegerLiteral) and isinstance(has_acc, (types.Integer, types.Boolean))
             and isinstance(acc, types.Array) and acc.dtype == types.float32):
         return None
-    ng, with_acc = g.literal_value, has_acc.literal_value
+    ng = g.literal_value
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        dst_v, acc_v, *ps, lo_v, nvec_v, _, _ = args
+        dst_v, acc_v, *ps, lo_v, nvec_v, _, has_acc_v = args
         vec = ir.VectorType(ir.FloatType(), 16).as_pointer()
         data = context.make_array(signature.args[1])(context, builder, acc_v).data
         acc_p = builder.bitcast(builder.gep(data, [lo_v]), vec)
         in_p = [builder.inttoptr(p, vec) for p in ps[:ng]]
         dst_p = builder.inttoptr(dst_v, vec)
         nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-        with cgutils.for_range(builder, nvec_v) as loop:
-            i = loop.index
-            xs = [builder.load(builder.gep(p, [i]), align=4) for p in in_p]
-            v = builder.load(builder.gep(acc_p, [i]), align=4) if with_acc else xs.pop(0)
-            for x in xs:
-                v = builder.fadd(v, x)
-            st = builder.store(v, builder.gep(dst_p, [i]), align=64)
-            st.set_metadata("nontemporal", nontemporal)
+
+        def loop_over(with_acc: bool) -> None:
+            with cgutils.for_range(builder, nvec_v) as loop:
+                i = loop.index
+                xs = [builder.load(builder.gep(p, [i]), align=4) for p in in_p]
+                v = builder.load(builder.gep(acc_p, [i]), align=4) if with_acc else xs.pop(0)
+                for x in xs:
+                    v = builder.fadd(v, x)
+                st = builder.store(v, builder.gep(dst_p, [i]), align=64)
+                st.set_metadata("nontemporal", nontemporal)
+
+        flag = context.cast(builder, has_acc_v, signature.args[-1], types.boolean)
+        with builder.if_else(flag) as (then, otherwise):
+            with then:
+                loop_over(True)
+            with otherwise:
+                loop_over(False)
         return context.get_dummy_value()
 
     return types.none(dst, acc, p0, p1, p2, p3, p4, p5, p6, p7, lo, nvec, g, has_acc), codegen
@@ -523,41 +533,24 @@ def _sum_edge(out, acc, xs, g, has_acc, lo, hi):  # type: ignore[no-untyped-def]
 
 @njit(nogil=True, cache=True)
 def _nt_pass(y, src, a, lo, nvec, g, has_acc):  # type: ignore[no-untyped-def]
-    """``_sum_nt`` over the addresses ``a`` (eight; the first ``g`` count), ``g`` and ``has_acc``
-    turned into the literals it is generated for."""
-    if has_acc:
-        if g == 1:
-            _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 1, 1)
-        elif g == 2:
-            _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 2, 1)
-        elif g == 3:
-            _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 3, 1)
-        elif g == 4:
-            _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 4, 1)
-        elif g == 5:
-            _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 5, 1)
-        elif g == 6:
-            _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 6, 1)
-        elif g == 7:
-            _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 7, 1)
-        else:
-            _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 8, 1)
-    elif g == 1:
-        _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 1, 0)
+    """``_sum_nt`` over the addresses ``a`` (eight; the first ``g`` count), ``g`` turned into the
+    literal it is generated for."""
+    if g == 1:
+        _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 1, has_acc)
     elif g == 2:
-        _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 2, 0)
+        _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 2, has_acc)
     elif g == 3:
-        _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 3, 0)
+        _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 3, has_acc)
     elif g == 4:
-        _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 4, 0)
+        _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 4, has_acc)
     elif g == 5:
-        _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 5, 0)
+        _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 5, has_acc)
     elif g == 6:
-        _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 6, 0)
+        _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 6, has_acc)
     elif g == 7:
-        _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 7, 0)
+        _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 7, has_acc)
     else:
-        _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 8, 0)
+        _sum_nt(y, src, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], lo, nvec, 8, has_acc)
 
 
 @njit(nogil=True, cache=True)
