@@ -66,7 +66,7 @@ import itertools
 import os
 import platform
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import ml_dtypes
@@ -780,18 +780,27 @@ def _run_threaded(plan: _Plan, threads: int) -> None:
     per_thread = -(-n // parts)
     step = min(_CHUNK_BYTES * n // plan.nbytes, per_thread)  # at least one chunk per thread
     step = -(-step // _ALIGN) * _ALIGN
-    nchunks = -(-n // step)
+
+    def run(_worker: int, i: int) -> None:
+        lo = i * step
+        plan.run(lo, min(lo + step, n))
+
+    _share_chunks(-(-n // step), parts, run)
+
+
+def _share_chunks(nchunks: int, parts: int, run: Callable[[int, int], None]) -> None:
+    """Call ``run(worker, chunk)`` for every chunk in ``range(nchunks)``, on ``parts`` workers
+    (the calling thread is worker 0, the others the pool's) that take chunks from a shared
+    counter; returns when all are done and re-raises the first worker's error."""
     counter = itertools.count()  # next() is atomic under the GIL
 
-    def work() -> None:
+    def work(worker: int) -> None:
         while (i := next(counter)) < nchunks:
-            lo = i * step
-            plan.run(lo, min(lo + step, n))
+            run(worker, i)
 
-    pool = _get_pool()
-    futures = [pool.submit(work) for _ in range(parts - 1)]
+    futures = [_get_pool().submit(work, w) for w in range(1, parts)]
     try:
-        work()
+        work(0)
     finally:
         for f in futures:
             f.result()

@@ -17,7 +17,6 @@ it, which also lets tests check that every byte was read exactly once.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -28,7 +27,7 @@ from numba.extending import intrinsic
 
 from fireflyer.core.errors import InvalidArgument
 
-from .kernels import _get_pool, _voidptr
+from .kernels import _share_chunks, _voidptr
 
 __all__ = ["read_once", "BLOCK_BYTES", "CHUNK_BYTES"]
 
@@ -123,20 +122,13 @@ def read_once(bufs: Sequence[np.ndarray], threads: int = 1, *, block: int = BLOC
     per_buf = max(_VEC, chunk // len(views) // _VEC * _VEC)  # bytes of each buffer per chunk
     addrs = np.array([v.ctypes.data for v in views], np.int64)
     nchunks = -(-nbytes // per_buf)
-    counter = itertools.count()  # next() is atomic under the GIL
-    sinks = [np.zeros(8, np.uint64) for _ in range(min(threads, max(1, nchunks)))]
+    sinks = [np.zeros(8, np.uint64) for _ in range(min(threads, max(1, nchunks)))]  # one per worker
 
-    def work(sink: np.ndarray) -> None:
-        while (i := next(counter)) < nchunks:
-            lo = i * per_buf
-            _read_range(addrs, lo, min(lo + per_buf, nbytes), block, sink)
+    def run(worker: int, i: int) -> None:
+        lo = i * per_buf
+        _read_range(addrs, lo, min(lo + per_buf, nbytes), block, sinks[worker])
 
-    futures = [_get_pool().submit(work, s) for s in sinks[1:]]
-    try:
-        work(sinks[0])
-    finally:
-        for f in futures:
-            f.result()
+    _share_chunks(nchunks, len(sinks), run)
     for s in sinks:
         digest ^= s
     return digest
