@@ -791,7 +791,7 @@ def _run_threaded(plan: _Plan, threads: int) -> None:
 def _share_chunks(nchunks: int, parts: int, run: Callable[[int, int], None]) -> None:
     """Call ``run(worker, chunk)`` for every chunk in ``range(nchunks)``, on ``parts`` workers
     (the calling thread is worker 0, the others the pool's) that take chunks from a shared
-    counter; returns when all are done and re-raises the first worker's error."""
+    counter; returns once every worker is done, and a worker's error propagates to the caller."""
     counter = itertools.count()  # next() is atomic under the GIL
 
     def work(worker: int) -> None:
