@@ -444,3 +444,30 @@ def test_small_path_is_as_quiet_as_the_kernels_on_overflow_and_inf_minus_inf() -
         warnings.simplefilter("error")  # numpy's RuntimeWarning would reach the worker's log per op
         reduce_into(out, [np.array([3e38, np.inf], F32), np.array([3e38, -np.inf], F32)], "sum")
     assert out[0] == np.inf and np.isnan(out[1])
+
+
+@pytest.mark.parametrize(("nchunks", "parts"), [(0, 2), (1, 3), (7, 1), (50, 3)])
+def test_share_chunks_runs_every_chunk_once_on_at_most_parts_workers(nchunks: int, parts: int) -> None:
+    seen: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def run(worker: int, chunk: int) -> None:
+        with lock:
+            seen.append((worker, chunk))
+
+    kernels._share_chunks(nchunks, parts, run)
+    assert sorted(c for _, c in seen) == list(range(nchunks))
+    assert {w for w, _ in seen} <= set(range(parts))
+
+
+def test_share_chunks_raises_a_workers_error_after_the_others_finish() -> None:
+    done: list[int] = []
+
+    def run(worker: int, chunk: int) -> None:
+        if chunk == 3:
+            raise ValueError("chunk 3 failed")
+        done.append(chunk)
+
+    with pytest.raises(ValueError, match="chunk 3 failed"):
+        kernels._share_chunks(20, 3, run)
+    assert sorted(done) == [c for c in range(20) if c != 3]  # the other workers took the rest
