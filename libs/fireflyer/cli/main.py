@@ -28,6 +28,7 @@ BENCHES: dict[str, str] = {
     "kernels": "fireflyer.hfreduce.bench_kernels",
     "campaign": "fireflyer.hfreduce.bench_campaign",
     "flows": "fireflyer.hfreduce.bench_flows",
+    "ringref": "fireflyer.hfreduce.bench_ringref",
     "allreduce": "fireflyer.hfreduce.bench_allreduce",
     "meta": "fireflyer.fs.bench_meta",
     "coord": "fireflyer.coord.bench",
