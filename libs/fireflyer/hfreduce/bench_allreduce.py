@@ -50,6 +50,11 @@ Per run, for every size:
   bound's pairs carried: ``fraction_of_bound`` can reach at most about ``1 /
   bound_over_tree_flows`` for an allreduce over the double tree.  (With two nodes the trees'
   flows are the pair's, both ways.)
+- **the ring reference** (nodes > 2, sizes >= 1 MiB, :mod:`.bench_ringref`): a bare ring
+  allreduce (reduce-scatter + allgather over the bound's own ``n`` flows, one float32 buffer
+  per node, the workers' block as its piece, nothing of HFReduce's), best of the trials before
+  and after the collectives.  ``ring_ref_fraction_of_bound`` is its share of the bound: how
+  close the algorithm the bound describes gets to it on this machine, with nothing else to do.
 
 ``--runs N`` runs all of it N times back to back and reports each figure's median and range
 (:mod:`.bench_runs`).  The JSON's ``goals`` (:mod:`.bench_goals`) judges the run -- or, with
@@ -67,6 +72,7 @@ import json
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -83,6 +89,7 @@ from . import _blocks
 from .bench_floor import Floor, SocketBuffers, loopback_pair, measure_floor
 from .bench_flows import measure_flows, pattern_flows
 from .bench_goals import goals, missed
+from .bench_ringref import measure_ring_ops
 from .bench_runs import fmt_size, spread_lines, summarize_runs
 from .launch import Launcher, print_line
 from .launch_plan import LaunchOptions, node_cpus, worker_env
@@ -97,6 +104,8 @@ _MIN_BOUND_BYTES = 1 << 20
 #: 4 nodes hold 24 of them)
 _TREE_FLOW_SECONDS = 1.0
 _TREE_FLOW_MAX_BUF = 64 << 20
+#: the ring reference: timed ops per trial (after a warm-up); its op time is the median
+_RING_REF_OPS = 3
 _GB = 1e9
 
 RankResults = dict[int, list[dict[str, Any]]]
@@ -307,14 +316,22 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
         return measure_flows(pattern_flows("tree", nodes), nodes, buf_bytes=max(piece, min(s, _TREE_FLOW_MAX_BUF)),
                              piece=piece, seconds=_TREE_FLOW_SECONDS, congestion=cc, buffers=bufs[0])
 
+    def ring_ref(s: int) -> float:
+        whole = s // (4 * nodes) * 4 * nodes  # (the ring's segments: a multiple of nodes float32s)
+        ops = measure_ring_ops(nodes, whole, piece_bytes=min(ws.block_bytes, whole // nodes), ops=_RING_REF_OPS,
+                               congestion=cc, buffers=bufs[0])
+        return statistics.median(ops) * s / whole
+
     caps = {s: loopback_capacity(nodes, s, congestion=cc, buffers=bufs) for s in anchor_sizes}
     floors = {s: floor_of(s, bufs[0]) for s in floor_sizes}
     trees = {s: tree_flows(s) for s in tree_sizes}
+    rings = {s: ring_ref(s) for s in tree_sizes}
     ours = _run_ranks("hfreduce", nodes, local_ranks, sizes, dtype, **kw)  # type: ignore[arg-type]
     gloo = _run_ranks("gloo", nodes, local_ranks, sizes, dtype, **kw) if vs == "gloo" else {}  # type: ignore[arg-type]
     caps = {s: max(c, loopback_capacity(nodes, s, congestion=cc, buffers=bufs)) for s, c in caps.items()}
     floors = {s: _best_floor(f, floor_of(s, bufs[-1])) for s, f in floors.items()}
     trees = {s: max(t, tree_flows(s)) for s, t in trees.items()}
+    rings = {s: min(t, ring_ref(s)) for s, t in rings.items()}
     entries: list[dict[str, Any]] = []
     for size in sizes:
         o = _slowest(ours.get(size, []), world, "hfreduce", size)
@@ -328,7 +345,8 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
                              "gloo_busbw_GBps": None, "ratio": None, "loopback_GBps": None, "bound_GBps": None,
                              "fraction_of_bound": None, "floor_time_s": None, "floor_net_s": None,
                              "floor_mem_s": None, "fraction_of_floor": None, "gloo_over_floor": None,
-                             "tree_flows_GBps": None, "fraction_of_tree_flows": None, "bound_over_tree_flows": None}
+                             "tree_flows_GBps": None, "fraction_of_tree_flows": None, "bound_over_tree_flows": None,
+                             "ring_ref_time_s": None, "ring_ref_fraction_of_bound": None}
         if vs == "gloo":
             g = _slowest(gloo.get(size, []), world, "gloo", size)
             if "unsupported" in g:
@@ -346,6 +364,10 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
             e.update(tree_flows_GBps=tree, fraction_of_tree_flows=alg * 2 * (nodes - 1) / tree)
             if e["loopback_GBps"]:
                 e["bound_over_tree_flows"] = e["loopback_GBps"] / tree
+        if size in rings:
+            e["ring_ref_time_s"] = rings[size]
+            if e["bound_GBps"]:
+                e["ring_ref_fraction_of_bound"] = nbytes / rings[size] / _GB / e["bound_GBps"]
         if size in floors:
             fl = floors[size]
             e.update(floor_time_s=fl.time_s, floor_net_s=fl.net_s, floor_mem_s=fl.mem_s,
@@ -364,7 +386,8 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
                        "gloo_over_floor = the highest ratio to Gloo any implementation could reach in this run; "
                        "tree_flows = aggregate loopback TCP throughput of every edge of both trees both ways "
                        "(nodes > 2); fraction_of_tree_flows = 2(nodes-1)*algbw / tree_flows; "
-                       "bound_over_tree_flows = C / tree_flows",
+                       "bound_over_tree_flows = C / tree_flows; ring_ref = a bare ring allreduce over the "
+                       "bound's nodes flows (nodes > 2), ring_ref_fraction_of_bound its algbw / bound",
         "results": entries,
         "goals": [],  # (filled below: the goals read from these results)
         "tcp_congestion": tcp_congestion(cc),
@@ -395,12 +418,13 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         return "-" if not x else f"{x:.2f}x"
 
     head = ["size", "time", "algbw GB/s", "busbw GB/s", "gloo time", "gloo algbw", "ratio", "bound GB/s",
-            "% of bound", "% of tree flows", "floor", "% of floor", "gloo / floor"]
+            "% of bound", "% of tree flows", "ring ref % of bound", "floor", "% of floor", "gloo / floor"]
     rows = []
     for e in result["results"]:
         rows.append([fmt_size(e["size_bytes"]), t(e["time_s"]), f(e["algbw_GBps"], ".3f"), f(e["busbw_GBps"], ".3f"),
                      t(e["gloo_time_s"]), f(e["gloo_algbw_GBps"], ".3f"), times(e["ratio"]),
                      f(e["bound_GBps"], ".3f"), pct(e["fraction_of_bound"]), pct(e.get("fraction_of_tree_flows")),
+                     pct(e.get("ring_ref_fraction_of_bound")),
                      t(e.get("floor_time_s")), pct(e.get("fraction_of_floor")), times(e.get("gloo_over_floor"))])
     return head, rows
 

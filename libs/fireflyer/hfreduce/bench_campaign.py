@@ -20,7 +20,8 @@ allreduce could have had, ``numpy / read floor`` the highest ratio to numpy any 
 could have had (reading the inputs once and nothing else); ``% of floor`` is how close ours
 came.  For the share of the loopback bound it adds ``bound / tree flows``: how much more the
 bound's pairs carried than the double tree's own flows, stripped of the allreduce, so the
-target's share of those flows and ours.  ``--json PATH`` (``-``: stdout) writes the whole campaign: the folded goals, every shape's medians
+target's share of those flows and ours, and what a bare ring allreduce over the bound's own
+flows reached of the bound in the same runs (``ff bench ringref``).  ``--json PATH`` (``-``: stdout) writes the whole campaign: the folded goals, every shape's medians
 (:func:`.bench_runs.summarize_runs`) and every run's kernel goals.
 
 The decisions (:func:`parse_shapes`, :func:`fold_goals`, :func:`campaign_result`) are pure;
@@ -106,7 +107,8 @@ def _floor_context(summary: dict[str, Any], goal: dict[str, Any]) -> dict[str, A
         return {"gloo_over_floor": entry["gloo_over_floor"], "fraction_of_floor": entry.get("fraction_of_floor")}
     if spec.key == "fraction_of_bound" and entry.get("bound_over_tree_flows") is not None:
         return {"bound_over_tree_flows": entry["bound_over_tree_flows"],
-                "fraction_of_tree_flows": entry.get("fraction_of_tree_flows")}
+                "fraction_of_tree_flows": entry.get("fraction_of_tree_flows"),
+                "ring_ref_fraction_of_bound": entry.get("ring_ref_fraction_of_bound")}
     return {}
 
 
@@ -213,8 +215,10 @@ def _floor_text(g: dict[str, Any]) -> str:
     numpy the read floor, on the share of the loopback bound what the tree's own flows carried."""
     if g.get("bound_over_tree_flows") is not None:
         x, ours = g["bound_over_tree_flows"], g.get("fraction_of_tree_flows")
+        ring = g.get("ring_ref_fraction_of_bound")
         return (f"bound / tree flows {x:.2f}x: the target needs {g['target'] * x * 100:.0f}% of what the tree's "
-                "flows carry" + (f", ours at {ours * 100:.0f}%" if ours else ""))
+                "flows carry" + (f", ours at {ours * 100:.0f}%" if ours else "")
+                + (f"; a bare ring allreduce reached {ring * 100:.0f}% of the bound" if ring else ""))
     for key, anchor in (("gloo_over_floor", "gloo / floor"), ("numpy_over_floor", "numpy / read floor")):
         if g.get(key) is not None:
             need = g["target"] / g[key]

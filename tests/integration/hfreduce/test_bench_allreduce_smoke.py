@@ -14,7 +14,8 @@ from fireflyer.hfreduce.bench_allreduce import loopback_capacity, main
 REQUIRED = {"size_bytes", "dtype", "nodes", "local_ranks", "time_s", "algbw_GBps", "busbw_GBps",
             "gloo_algbw_GBps", "ratio", "gloo_time_s", "bound_GBps", "fraction_of_bound", "floor_time_s",
             "floor_net_s", "floor_mem_s", "fraction_of_floor", "gloo_over_floor", "tree_flows_GBps",
-            "fraction_of_tree_flows", "bound_over_tree_flows"}
+            "fraction_of_tree_flows", "bound_over_tree_flows", "ring_ref_time_s",
+            "ring_ref_fraction_of_bound"}
 
 
 def test_two_nodes_vs_gloo_with_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -47,6 +48,7 @@ def test_two_nodes_vs_gloo_with_bound(tmp_path: Path, capsys: pytest.CaptureFixt
     assert big["fraction_of_floor"] == pytest.approx(big["floor_time_s"] / big["time_s"])
     assert big["gloo_over_floor"] == pytest.approx(big["gloo_time_s"] / big["floor_time_s"])
     assert big["tree_flows_GBps"] is None  # two nodes: the trees' flows are the pair's
+    assert big["ring_ref_time_s"] is None and big["ring_ref_fraction_of_bound"] is None  # (a ring of two is the pair)
     cc = doc["tcp_congestion"]
     assert cc["hfreduce"] == cc["anchors"] and cc["gloo"] == cc["system"]
     assert cc["hfreduce"] in ("cubic", "reno")  # the workers' default prefers these to the system's
@@ -74,14 +76,26 @@ def test_three_nodes_measure_the_flows_of_their_trees(monkeypatch: pytest.Monkey
         return flows
 
     monkeypatch.setattr(ba, "pattern_flows", spy)
+    rings: list[int] = []
+    real_ring = ba.measure_ring_ops
+
+    def ring_spy(nodes: int, size: int, **kw: object) -> list[float]:
+        rings.append(size)
+        return real_ring(nodes, size, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ba, "measure_ring_ops", ring_spy)
     rc = main(["--nodes", "3", "--local-ranks", "1", "--sizes", "4,1M", "--target-s", "0.05", "--json", "-"])
     assert rc == 0
     small, big = json.loads(capsys.readouterr().out)["results"]
     assert patterns == [(8, 3), (8, 3)]  # before and after the collectives, the best kept
+    assert rings == [(1 << 20) // 12 * 12] * 2  # the ring's too, on whole segments of float32s
     assert small["tree_flows_GBps"] is None  # latency-bound sizes have no anchors
     assert big["tree_flows_GBps"] > 0
     assert big["fraction_of_tree_flows"] == pytest.approx(big["algbw_GBps"] * 4 / big["tree_flows_GBps"])
     assert big["bound_over_tree_flows"] == pytest.approx(big["loopback_GBps"] / big["tree_flows_GBps"])
+    assert big["ring_ref_time_s"] > 0  # the bare ring over the bound's flows, and its share of the bound
+    assert big["ring_ref_fraction_of_bound"] == pytest.approx(
+        big["size_bytes"] / big["ring_ref_time_s"] / 1e9 / big["bound_GBps"])
 
 
 def test_one_node_two_ranks_bf16_json_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:

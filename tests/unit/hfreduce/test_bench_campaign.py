@@ -37,7 +37,9 @@ def allreduce_doc(nodes: int, ranks: int, ratio: float, bound: float = 0.6, floo
                 "fraction_of_floor": floor if big else None, "gloo_over_floor": gloo_over_floor if big else None,
                 # the tree-flows anchor: measured beyond two nodes (the bound's pairs carried 1.8x the tree's flows)
                 "bound_over_tree_flows": 1.8 if big and nodes > 2 else None,
-                "fraction_of_tree_flows": bound * 1.8 if big and nodes > 2 else None}
+                "fraction_of_tree_flows": bound * 1.8 if big and nodes > 2 else None,
+                # the ring reference: a bare ring over the bound's flows reached 0.7 of the bound
+                "ring_ref_fraction_of_bound": 0.7 if big and nodes > 2 else None}
     doc = {"bench": "allreduce", "nodes": nodes, "local_ranks": ranks, "dtype": "fp32", "vs": "gloo",
            "git_sha": "abc", "cpu_count": 2, "results": [entry(4, small, False), entry(M64, ratio, True)]}
     doc["goals"] = judge(doc)
@@ -107,6 +109,7 @@ def test_rounds_interleave_the_shapes_keep_every_run_and_fold_the_goals(tmp_path
     bound_goal = by["4x1", "4x1 64M of the loopback bound"]
     assert "gloo_over_floor" not in bound_goal  # the floor speaks to Gloo ratios, the tree's flows to the bound
     assert bound_goal["bound_over_tree_flows"] == 1.8 and bound_goal["fraction_of_tree_flows"] == pytest.approx(1.08)
+    assert bound_goal["ring_ref_fraction_of_bound"] == 0.7
     assert "bound_over_tree_flows" not in by["4x1", "4x1 64M vs Gloo"]
     assert by["2x4", "2 nodes 4 B vs Gloo"]["met"]  # each shape judges its own 4-byte op
     assert res["missed"] == ["fp32 k=8 vs numpy", "2x4: 2x4 64M vs Gloo", "4x1: 4x1 64M of the loopback bound"]
@@ -119,7 +122,8 @@ def test_rounds_interleave_the_shapes_keep_every_run_and_fold_the_goals(tmp_path
     assert "| fp32 k=8 vs numpy | 1.90x | 1.80x–2.10x | 1 of 3 | 2.00x | MISSED | numpy / read floor 2.20x: " \
            "the target needs 91% of the floor, ours at 82% |" in lines
     assert "| 4x1: 4x1 64M of the loopback bound | 60% | 60%–60% | 0 of 3 | 80% | MISSED | bound / tree flows " \
-           "1.80x: the target needs 144% of what the tree's flows carry, ours at 108% |" in lines
+           "1.80x: the target needs 144% of what the tree's flows carry, ours at 108%; a bare ring allreduce " \
+           "reached 70% of the bound |" in lines
     assert "tree flows" not in lines.split("2x4: 2x4 64M vs Gloo")[1].splitlines()[0]  # two nodes: no tree anchor
     assert "kernels bit-exact against numpy in every round: yes" in lines
 

@@ -179,10 +179,12 @@ def test_bench_table_formats_missing_anchors_as_dashes() -> None:
               "torch_version": "2.13.0", "git_sha": "abc", "results": [entry, small]}
     head, rows = table_rows(result)
     assert rows[0] == ["64M", "50.0 ms", "1.342", "2.348", "200.0 ms", "0.336", "4.00x", "1.500", "89%",
-                       "-", "-", "-", "-"]
-    assert rows[1] == ["4", "150 us", "1.342", "2.348", "-", "-", "-", "-", "-", "-", "-", "-", "-"]
-    entry.update(floor_time_s=0.04, fraction_of_floor=0.8, gloo_over_floor=5.0, fraction_of_tree_flows=0.714)
-    assert head[9] == "% of tree flows" and table_rows(result)[1][0][9:] == ["71%", "40.0 ms", "80%", "5.00x"]
+                       "-", "-", "-", "-", "-"]
+    assert rows[1] == ["4", "150 us", "1.342", "2.348", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"]
+    entry.update(floor_time_s=0.04, fraction_of_floor=0.8, gloo_over_floor=5.0, fraction_of_tree_flows=0.714,
+                 ring_ref_fraction_of_bound=0.58)
+    assert head[9:11] == ["% of tree flows", "ring ref % of bound"]
+    assert table_rows(result)[1][0][9:] == ["71%", "58%", "40.0 ms", "80%", "5.00x"]
     md = markdown_table(result).splitlines()
     assert md[2] == "| " + " | ".join(head) + " |" and md[4].startswith("| 64M | 50.0 ms |")
     assert "SO_SNDBUF" not in md[0]  # a result from before socket_buffers existed says nothing about them
