@@ -46,6 +46,7 @@ import numpy as np
 
 from fireflyer.core.errors import FireFlyerError, Internal, InvalidArgument
 from fireflyer.core.sizes import parse_size
+from fireflyer.wire.conn import set_io_timeout
 
 from ._node_procs import collect, reap, spawn
 from .bench_floor import SocketBuffers, loopback_pair
@@ -73,7 +74,10 @@ def ring_steps(node: int, nodes: int) -> list[tuple[int, int, bool]]:
 def _recv_exact(rx: socket.socket, view: memoryview) -> None:
     got = 0
     while got < len(view):
-        k = rx.recv_into(view[got:], len(view) - got)
+        try:
+            k = rx.recv_into(view[got:], len(view) - got)
+        except (BlockingIOError, TimeoutError):  # SO_RCVTIMEO ran out
+            raise TimeoutError("ring reference: the previous node sent nothing within the I/O timeout") from None
         if not k:
             raise ConnectionError("ring reference: the previous node went away")
         got += k
@@ -163,6 +167,8 @@ def measure_ring_ops(nodes: int, size: int, *, piece_bytes: int, ops: int, conge
     try:
         for i in range(nodes):
             socks.append(loopback_pair(i, (i + 1) % nodes, congestion, buffers))
+            for s in socks[-1]:  # a node that stops without exiting fails its neighbours' I/O, not hangs it
+                set_io_timeout(s, timeout_s)
         ctx = mp.get_context("fork")
         start = ctx.Barrier(nodes, timeout=timeout_s)
         procs, pipes = spawn(ctx, nodes, _node_main,
@@ -172,7 +178,7 @@ def measure_ring_ops(nodes: int, size: int, *, piece_bytes: int, ops: int, conge
             tx.close()
             rx.close()
         socks = []
-        per_node = collect(pipes, timeout_s * (ops + 1), "ring reference")
+        per_node = collect(pipes, timeout_s * (ops + 1) + 10.0, "ring reference")
         return [max(t[k] for t in per_node) for k in range(ops)]
     finally:
         for tx, rx in socks:

@@ -74,3 +74,18 @@ def test_the_cli_reports_each_round_against_its_own_bound(capsys: pytest.Capture
     assert doc["socket_buffers"]["send_buf_bytes"] == 256 << 10  # the launcher's links'
     assert rr.main(["--nodes", "3", "--size", "1000"]) == 1  # not a multiple of nodes x 4: an error, no traceback
     assert "multiple of 12" in capsys.readouterr().err
+
+
+def test_a_stalled_node_fails_its_neighbour_instead_of_hanging(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    real_add = np.add
+
+    def slow_add(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+        if a.flat[0] == 2.0:  # node 1's own values: it alone stalls before its allgather send
+            time.sleep(3.0)
+        return real_add(a, b, out=out)
+
+    monkeypatch.setattr(rr.np, "add", slow_add)
+    with pytest.raises(Internal, match="node 0: TimeoutError: ring reference: the previous node sent nothing"):
+        rr.measure_ring_ops(2, 2 * 64 * 4, piece_bytes=256, ops=1, timeout_s=1.0)
