@@ -48,7 +48,7 @@ from .launch_plan import worker_env
 from .settings import load_worker_settings
 from .trees import double_binary_tree
 
-__all__ = ["PATTERNS", "pattern_flows", "measure_flows", "main"]
+__all__ = ["PATTERNS", "pattern_flows", "measure_flows", "links_setup", "main"]
 
 PATTERNS = ("ring", "tree", "ring3")
 Flow = tuple[int, int]  # (sending node, receiving node)
@@ -146,7 +146,7 @@ def measure_flows(flows: Sequence[Flow], nodes: int, *, buf_bytes: int, piece: i
         reap(procs)
 
 
-def _links_setup() -> tuple[tuple[str, ...], SocketBuffers]:
+def links_setup() -> tuple[tuple[str, ...], SocketBuffers]:
     """The congestion control and socket buffers the launcher's workers give their links."""
     ws = load_worker_settings(env=worker_env(os.environ))
     return ws.congestion_prefs, (ws.sock_buf_bytes, ws.send_buf_bytes)
@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         buf, piece = parse_size(ns.buffer, what="--buffer"), parse_size(ns.piece, what="--piece")
         if ns.rounds < 1:
             raise InvalidArgument(f"--rounds must be at least 1, got {ns.rounds}", value=ns.rounds)
-        cc, bufs = _links_setup()
+        cc, bufs = links_setup()
         rates: dict[str, list[float]] = {x: [] for x in patterns}
         for r in range(ns.rounds):
             for x in patterns:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import socket
 import statistics
 import sys
@@ -50,8 +49,7 @@ from fireflyer.wire.conn import set_io_timeout
 
 from ._node_procs import collect, reap, spawn
 from .bench_floor import SocketBuffers, loopback_pair
-from .launch_plan import worker_env
-from .settings import load_worker_settings
+from .bench_flows import links_setup
 
 __all__ = ["ring_steps", "measure_ring_ops", "main"]
 
@@ -187,12 +185,6 @@ def measure_ring_ops(nodes: int, size: int, *, piece_bytes: int, ops: int, conge
         reap(procs)
 
 
-def _links_setup() -> tuple[tuple[str, ...], list[SocketBuffers]]:
-    """The launcher's workers' congestion control, and the socket buffers the bound's anchor tries."""
-    ws = load_worker_settings(env=worker_env(os.environ))
-    return ws.congestion_prefs, list(dict.fromkeys([(ws.sock_buf_bytes, ws.send_buf_bytes), (None, None)]))
-
-
 def _summary(values: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -214,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         size, piece = parse_size(ns.size, what="--size"), parse_size(ns.chunk, what="--chunk")
         if ns.rounds < 1:
             raise InvalidArgument(f"--rounds must be at least 1, got {ns.rounds}", value=ns.rounds)
-        cc, bufs = _links_setup()
+        cc, links = links_setup()
+        bufs = list(dict.fromkeys([links, (None, None)]))  # the bound's anchor tries both, as ff bench allreduce's
         for r in range(ns.rounds):
             if not ns.json:
                 print(f"ff bench ringref: round {r + 1} of {ns.rounds}: the loopback anchor, then {ns.ops} ops",
