@@ -387,7 +387,7 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
                        "tree_flows = aggregate loopback TCP throughput of every edge of both trees both ways "
                        "(nodes > 2); fraction_of_tree_flows = 2(nodes-1)*algbw / tree_flows; "
                        "bound_over_tree_flows = C / tree_flows; ring_ref = a bare ring allreduce over the "
-                       "bound's nodes flows (nodes > 2), ring_ref_fraction_of_bound its algbw / bound",
+                       "bound's `nodes` flows (nodes > 2), ring_ref_fraction_of_bound = its algbw / bound",
         "results": entries,
         "goals": [],  # (filled below: the goals read from these results)
         "tcp_congestion": tcp_congestion(cc),

@@ -212,7 +212,8 @@ def goal_lines(result: dict[str, Any]) -> list[str]:
 
 def _floor_text(g: dict[str, Any]) -> str:
     """The anchor column of a goal: on the ratio to Gloo the allreduce floor, on the ratio to
-    numpy the read floor, on the share of the loopback bound what the tree's own flows carried."""
+    numpy the read floor, on the share of the loopback bound what the tree's own flows carried
+    and, where the runs measured it, the bare ring's share of the bound."""
     if g.get("bound_over_tree_flows") is not None:
         x, ours = g["bound_over_tree_flows"], g.get("fraction_of_tree_flows")
         ring = g.get("ring_ref_fraction_of_bound")
