@@ -19,8 +19,8 @@ Every op's result is checked (each node starts from ``i + 1``, so every element 
 ``n(n+1)/2``).  A round measures ``C`` as ``ff bench allreduce`` does
 (:func:`~.bench_allreduce.loopback_capacity`, the best of the links' buffers and the
 kernel's auto-tuning), then ``--ops`` ring ops after a warm-up; the round's time is the
-median op (an op lasts as long as its slowest node).  ``fraction_of_bound`` = bound / the
-op's algbw.  ``--rounds`` repeats that; the summary is the median (range) over rounds.
+median op (an op lasts as long as its slowest node).  ``fraction_of_bound`` = the op's algbw / the
+bound.  ``--rounds`` repeats that; the summary is the median (range) over rounds.
 
 It is a reference, not an allreduce to use: it answers whether a goal stated against the bound
 is within reach of the bound's own algorithm on this machine, and how far HFReduce's double
