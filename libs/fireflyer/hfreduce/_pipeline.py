@@ -47,11 +47,13 @@ from fireflyer.wire.frame import Request
 if TYPE_CHECKING:
     from fireflyer.hfreduce.engine import NodeEngine
 
-__all__ = ["Pipeline", "UP", "DOWN", "WAIT", "ABORT", "XCHG"]
+__all__ = ["Pipeline", "UP", "DOWN", "WAIT", "ABORT", "XCHG", "RING"]
 
 _log = get_logger("fireflyer.hfreduce.engine")
 
 UP, DOWN, WAIT, ABORT, XCHG = "hfr.up", "hfr.down", "hfr.wait", "hfr.abort", "hfr.xchg"
+#: a ring op's piece (:mod:`._ring`)
+RING = "hfr.r"
 
 
 class _Failed(Exception):
@@ -309,7 +311,7 @@ class Pipeline:
         last = -1
         try:
             while (st := self._wait_op(last)) is not None:
-                for c in range(st.layouts[t].nchunks):
+                for c in range(0 if st.ring is not None else st.layouts[t].nchunks):  # (a ring op: none)
                     with self._mu:
                         while self._failure is None and (st.filled[t] <= c or not self._parks_ready(t)):
                             self._up_cv[t].wait()
@@ -381,8 +383,8 @@ class Pipeline:
             while (st := self._wait_op(last)) is not None:
                 with self._mu:
                     lk.sent = 0
-                if st.stream is not None:  # its block loops send the final chunks themselves
-                    last = st.k
+                if st.stream is not None or st.ring is not None:  # its block loops (or the ring) send the
+                    last = st.k  # final chunks themselves
                     continue
                 for c in range(st.layouts[t].nchunks):
                     with self._mu:
@@ -470,6 +472,8 @@ class Pipeline:
                         self._recv_xchg(lk, hdr, plen)
                     elif hdr.op == DOWN and lk.role == PARENT:
                         self._recv_down(lk, hdr, plen)
+                    elif hdr.op == RING and lk is self._ring_prev:
+                        self._ring_recv(lk, hdr, plen)
                     else:
                         raise ProtocolError(f"{hdr.op} frame from our {lk.role}", reason="bad_frame")
                 except HFReduceError as e:

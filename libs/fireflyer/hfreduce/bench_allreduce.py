@@ -300,7 +300,7 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
     floor_sizes = sorted({s for s in sizes if s >= _MIN_BOUND_BYTES}) if floor else []
     itemsize = 4 if dtype == "fp32" else 2
     # the settings as the launcher's workers will load them
-    ws = load_worker_settings(env=worker_env(os.environ, local_ranks=local_ranks))
+    ws = load_worker_settings(env=worker_env(os.environ, local_ranks=local_ranks, nodes=nodes))
     cc = ws.congestion_prefs  # what the launched workers' links will use
     # the links' socket buffers, and the kernel's auto-tuning: the anchors take the best of both
     bufs: list[SocketBuffers] = list(dict.fromkeys([(ws.sock_buf_bytes, ws.send_buf_bytes), (None, None)]))
@@ -394,6 +394,8 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
         "socket_buffers": {"links_buf_bytes": bufs[0][0], "links_send_buf_bytes": bufs[0][1],
                            "anchors": "best of the links' buffers and the kernel's auto-tuning"},
         "block_bytes": ws.block_bytes,  # a streamed op's block, as the launcher gave the workers
+        # how large ops crossed the nodes: "ring" (the launcher's for one rank per node on 3+ nodes) or "tree"
+        "algorithm": ws.algorithm if nodes >= 3 else "tree",
         "git_sha": _git_sha(), "cpu_count": os.cpu_count(), "torch_version": _torch_version(),
         "python": platform.python_version(), "platform": sys.platform,
     }
@@ -450,6 +452,11 @@ def _block_caption(block: int | None) -> str:
     return f"block {fmt_size(block)} (ours), " if block else ""
 
 
+def _algorithm_caption(algorithm: str | None) -> str:
+    """How our large ops crossed the nodes (results from before ``algorithm`` existed: nothing)."""
+    return f"{algorithm} (ours), " if algorithm else ""
+
+
 def markdown_table(result: dict[str, Any]) -> str:
     """The table as GitHub markdown (for the README), with the run's shape and anchors in a caption."""
     head, rows = table_rows(result)
@@ -457,7 +464,7 @@ def markdown_table(result: dict[str, Any]) -> str:
              f"{result['dtype']}, {result['cpu_count']} CPUs, cpu-bind {result.get('cpu_bind', 'none')}, "
              f"torch {result['torch_version']}, {_cc_caption(result.get('tcp_congestion'))}"
              f"{_buf_caption(result.get('socket_buffers'))}{_block_caption(result.get('block_bytes'))}"
-             f"git {str(result['git_sha'])[:10]}"
+             f"{_algorithm_caption(result.get('algorithm'))}git {str(result['git_sha'])[:10]}"
              + (f", medians of {result['runs']} runs" if result.get("runs", 1) > 1 else ""), "",
              "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]

@@ -85,6 +85,7 @@ from fireflyer.hfreduce._blocks import BLOCK_BYTES
 from fireflyer.hfreduce._links import CHILD, PARENT, Acceptor, Link, dial, parse_address
 from fireflyer.hfreduce._op import Fuse, OpState, divide_inplace
 from fireflyer.hfreduce._pipeline import ABORT, WAIT, Pipeline, _Failed
+from fireflyer.hfreduce._ring import ALGORITHMS, RING_PIECE_BYTES, RING_TREE, Ringing, RingOp
 from fireflyer.hfreduce._streamed import Streaming, StreamOp, check_buffers
 from fireflyer.hfreduce.errors import (
     CollectiveAborted,
@@ -112,7 +113,7 @@ EXPLAIN_S = 1.0
 LINGER_S = 1.0
 
 
-class NodeEngine(Pipeline, Streaming):
+class NodeEngine(Pipeline, Streaming, Ringing):
     """The inter-node allreduce of one node (see the module docstring for the protocol).
 
     ``addresses[i]`` is node ``i``'s engine listener (``host:port``); ``zones[i]``
@@ -127,6 +128,9 @@ class NodeEngine(Pipeline, Streaming):
     op's loops (:mod:`._blocks`); ``streaming=False`` runs every op the threaded way
     (for comparisons).  ``express_poll_s``: how long a two-node engine's express link
     polls for the next small op's frame before its reader sleeps (0: never polls).
+    ``algorithm``: ``"tree"`` (the default) or ``"ring"``: large streamed ops on three or more
+    nodes without zones go around a ring instead of the trees (:mod:`._ring`), in frames of
+    ``ring_piece_bytes``; every node must choose the same (checked at connect).
     """
 
     def __init__(self, *, node_rank: int, addresses: Sequence[str], zones: Sequence[str] | None = None,
@@ -135,8 +139,14 @@ class NodeEngine(Pipeline, Streaming):
                  ring: int = 3, grace_s: float = 1.0, inline_bytes: int = 64 << 10,
                  block_bytes: int = BLOCK_BYTES, streaming: bool = True,
                  tcp_congestion: Sequence[str] = (), send_buf_bytes: int | None = None,
-                 express_poll_s: float = EXPRESS_POLL_S) -> None:
+                 express_poll_s: float = EXPRESS_POLL_S, algorithm: str = "tree",
+                 ring_piece_bytes: int = RING_PIECE_BYTES) -> None:
         n = len(addresses)
+        if ring_piece_bytes < 64:
+            raise InvalidArgument("need ring_piece_bytes >= 64", ring_piece_bytes=ring_piece_bytes)
+        if algorithm not in ALGORITHMS:
+            raise InvalidArgument(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}",
+                                  argument="algorithm")
         if not 0 <= node_rank < n:
             raise InvalidArgument(f"node_rank {node_rank} not in 0..{n - 1}", node=node_rank, nnodes=n)
         if zones is not None and len(zones) != n:
@@ -163,8 +173,12 @@ class NodeEngine(Pipeline, Streaming):
         #: sleeps (:mod:`.express`, "Polling"); a node's own choice, the peers need not agree
         self.express_poll_s = express_poll_s
         # (the express path's limit too: two nodes that would choose differently refuse to connect)
+        #: large streamed ops go around a ring (:mod:`._ring`): asked for, three nodes or more, one zone
+        self.ring_on = algorithm == "ring" and n >= 3 and len(set(zones or [None])) == 1
+        self.algorithm = "ring" if self.ring_on else "tree"
+        self.ring_piece_bytes = ring_piece_bytes
         self._layout_key = (f"{chunk_bytes}-{self.inline_bytes}{f'-x-e{EXPRESS_BYTES}' if self.exchange else ''}"
-                            f"{f'-s{block_bytes}' if streaming else ''}")
+                            f"{f'-s{block_bytes}' if streaming else ''}{f'-ring{ring_piece_bytes}' if self.ring_on else ''}")
         self._ring = ring
         self._sock_buf = sock_buf_bytes
         self._send_buf = send_buf_bytes
@@ -186,6 +200,10 @@ class NodeEngine(Pipeline, Streaming):
         self._done_cv = threading.Condition(self._mu)
         self._up_cv = (threading.Condition(self._mu), threading.Condition(self._mu))
         self._down_cv = (threading.Condition(self._mu), threading.Condition(self._mu))
+        #: the ring sender waits here for the reader's pieces (:mod:`._ring`)
+        self._ring_cv = threading.Condition(self._mu)
+        self._ring_next: Link | None = None
+        self._ring_prev: Link | None = None
         self._parent: list[Link | None] = [None, None]
         self._children: list[list[Link]] = [[], []]
         self._links: list[Link] = []
@@ -260,6 +278,9 @@ class NodeEngine(Pipeline, Streaming):
         # payloads go into the op's own buffers, whose sizes the op checks)
         limits = FrameLimits(max_payload_bytes=1 << 50)
         expected = {(c, t) for t, nd in enumerate(self.tree_nodes) for c in nd.children}
+        nxt, prev = (self.node + 1) % self.nnodes, (self.node - 1) % self.nnodes
+        if self.ring_on:  # the ring's link from the previous node: dialled by it, like a child's
+            expected.add((prev, RING_TREE))
         got: dict[tuple[int, int], FramedSocket] = {}
         listener = self._listen
         acceptor = None
@@ -279,19 +300,26 @@ class NodeEngine(Pipeline, Streaming):
                     fs = self._dial(nd.parent, t, limits, deadline)
                     if fs is not None:
                         dialed[t] = fs
+            if self.ring_on:
+                fs = self._dial(nxt, RING_TREE, limits, deadline)
+                if fs is not None:
+                    dialed[RING_TREE] = fs
             if acceptor is not None:
                 acceptor.thread.join(max(0.0, deadline - time.monotonic()))
                 acceptor.stop.set()
                 acceptor.thread.join()
             missing = [(nd.parent, t, "dial") for t, nd in enumerate(self.tree_nodes)
                        if nd.parent >= 0 and t not in dialed]
+            if self.ring_on and RING_TREE not in dialed:
+                missing.append((nxt, RING_TREE, "dial"))
             missing += [(c, t, "accept") for c, t in sorted(expected, key=lambda e: (e[1], e[0]))
                         if (c, t) not in got]
             if missing:
                 peer, tree, _ = missing[0]
-                names = ", ".join(f"{self.who(p)} (tree {t})" for p, t, _ in missing)
+                names = ", ".join(f"{self.who(p)} ({'ring' if t == RING_TREE else f'tree {t}'})"
+                                  for p, t, _ in missing)
                 raise CollectiveTimeout(
-                    f"node {self.node} ({self.addresses[self.node]}): could not connect to its tree "
+                    f"node {self.node} ({self.addresses[self.node]}): could not connect to its "
                     f"neighbours within {wait:.1f} s; never connected: {names}",
                     node=self.node, peer=peer, tree=tree, phase="connect", chunk=None, seq=None,
                     missing=",".join(str(p) for p, _, _ in missing), waited_s=round(wait, 3))
@@ -318,13 +346,19 @@ class NodeEngine(Pipeline, Streaming):
                 link.slots = [memoryview(b) for b in bufs]
                 link.meta = [(-1, -1, 0, None, 0.0)] * self._ring
                 self._add_link(link)
+        if self.ring_on:  # (in _links, for the aborts, status frames and closing; not in the trees')
+            self._ring_next = Link(nxt, RING_TREE, PARENT, self.addresses[nxt], dialed[RING_TREE])
+            self._ring_prev = Link(prev, RING_TREE, CHILD, self.addresses[prev], got[(prev, RING_TREE)])
+            self._links += [self._ring_next, self._ring_prev]
         self._setup_streaming()
         if self.nnodes == 2:
             self.express = Express(self)
         for link in self._links:
             link.reader = self._spawn(self._read_loop, link, f"hfr-read-{self.node}-t{link.tree}-n{link.peer}")
-            if link.role == CHILD:
+            if link.role == CHILD and link.tree != RING_TREE:
                 self._spawn(self._down_loop, link, f"hfr-down-{self.node}-t{link.tree}-n{link.peer}")
+        if self.ring_on:
+            self._spawn(self._ring_send_loop, None, f"hfr-ring-send-{self.node}")
         for t in (0, 1):
             self._spawn(self._up_loop, t, f"hfr-up-{self.node}-t{t}")
         self._spawn(self._fill_loop, None, f"hfr-fill-{self.node}")
@@ -419,11 +453,13 @@ class NodeEngine(Pipeline, Streaming):
             if on_done is not None:
                 on_done(stats)
             return stats
+        stream = ring = None
         if fill is None and fuse is None and self.can_stream(work):
-            stream = StreamOp(work, inputs or [work], mirrors, "sum" if op == "avg" else op, self.block_bytes)
-        else:
-            stream = None
-        st = self._post(work, op, fp, on_final, divisor, fill, on_done, fuse, stream)
+            if self.ring_on and work.nbytes > self.inline_bytes:
+                ring = RingOp(self.node, self.nnodes, work, inputs or [work], mirrors, self.ring_piece_bytes)
+            else:
+                stream = StreamOp(work, inputs or [work], mirrors, "sum" if op == "avg" else op, self.block_bytes)
+        st = self._post(work, op, fp, on_final, divisor, fill, on_done, fuse, stream, ring)
         try:
             # (complete: on_done has returned too, so the caller's report of the op comes first)
             return self._wait_result(st, deadline_s, lambda: st.complete)
@@ -452,7 +488,7 @@ class NodeEngine(Pipeline, Streaming):
     def _post(self, work: np.ndarray, op: str, fp: Fingerprint, on_final: Callable[[int, int], None] | None,
               divisor: int, fill: Callable[[int, int], None] | None,
               on_done: Callable[[OpStats], None] | None, fuse: Fuse | None = None,
-              stream: StreamOp | None = None) -> OpState:
+              stream: StreamOp | None = None, ring: RingOp | None = None) -> OpState:
         """Make the op current and run the steps this thread may run now (inline ops)."""
         # a streamed op's frames carry a whole half each: its loops pipeline block by block
         chunk = self.chunk_bytes if stream is None else max(self.chunk_bytes, work.nbytes)
@@ -462,6 +498,10 @@ class NodeEngine(Pipeline, Streaming):
                      inline=work.nbytes <= self.inline_bytes, exchange=self.exchange)
         st.on_done = on_done
         st.stream = stream
+        if ring is not None:  # the ring sender's last piece and the reader's: nothing on the trees
+            st.ring = ring
+            st.remaining = 2
+            st.algorithm = "ring"
         if fill is not None and st.inline:
             if work.size:
                 fill(0, work.size)
@@ -640,6 +680,8 @@ class NodeEngine(Pipeline, Streaming):
 
     def _blame(self, st: OpState) -> list[tuple[int, int, str, int, str]]:
         """(peer, tree, phase, chunk, how) for every peer this op waits on (under the lock)."""
+        if st.ring is not None:
+            return self._ring_blame(st)
         out = self._stream_waits(st) if st.stream is not None else []
         if out:  # a block loop is blocked in a socket call: that peer, precisely
             return out
@@ -669,9 +711,10 @@ class NodeEngine(Pipeline, Streaming):
         who = self.who(peer) if peer >= 0 else "no peer"
         what = f"sent nothing for {waited:.1f} s" if how == "recv" else f"took no data for {waited:.1f} s"
         note = " and never started this op" if culprits else ""
+        where = (f"in the ring's {phase} phase, piece {chunk}" if tree == RING_TREE
+                 else f"in tree {tree} {phase} phase, chunk {chunk}")
         return CollectiveTimeout(
-            f"{st.fp} on {self.who(self.node)}: {who} {what}{note}, in tree {tree} {phase} phase, "
-            f"chunk {chunk} (waiting for nodes {missing or '-'})",
+            f"{st.fp} on {self.who(self.node)}: {who} {what}{note}, {where} (waiting for nodes {missing or '-'})",
             node=self.node, peer=peer, tree=tree, phase=phase, chunk=chunk, seq=st.fp.seq,
             missing=missing, waited_s=round(waited, 3))
 
@@ -686,10 +729,16 @@ class NodeEngine(Pipeline, Streaming):
         if self._reader_explains(lk):
             return
         st = self._op
-        phase = ("up" if lk.role == CHILD else "down") if self._in_op else "idle"
+        if not self._in_op:
+            phase = "idle"
+        elif lk.tree == RING_TREE:
+            phase = "ring"
+        else:
+            phase = "up" if lk.role == CHILD else "down"
         what = f"{st.fp}" if st is not None and self._in_op else f"{self.who(self.node)} (between ops)"
         self._fail(PeerLost(
-            f"{what} on node {self.node}: lost the connection to {self.who(lk.peer)} in tree {lk.tree} "
+            f"{what} on node {self.node}: lost the connection to {self.who(lk.peer)} "
+            f"{'on the ring' if lk.tree == RING_TREE else f'in tree {lk.tree}'} "
             f"({phase} phase): {e}; that node's process probably died",
             node=self.node, peer=lk.peer, tree=lk.tree, phase=phase,
             seq=st.fp.seq if st is not None else None), culprit=lk.peer)
@@ -767,7 +816,7 @@ class NodeEngine(Pipeline, Streaming):
             self._threads.extend(floods)
             self._failure = err
             self._abort[0] = 1
-            for cv in (self._post_cv, self._done_cv, *self._up_cv, *self._down_cv):
+            for cv in (self._post_cv, self._done_cv, self._ring_cv, *self._up_cv, *self._down_cv):
                 cv.notify_all()
             for lk in self._links:
                 if lk.cv is not None:
@@ -813,7 +862,7 @@ class NodeEngine(Pipeline, Streaming):
             self._closing = True
             if self._failure is None:
                 self._failure = HFReduceError(f"{self.who(self.node)} closed its engine", node=self.node)
-            for cv in (self._post_cv, self._done_cv, *self._up_cv, *self._down_cv):
+            for cv in (self._post_cv, self._done_cv, self._ring_cv, *self._up_cv, *self._down_cv):
                 cv.notify_all()
         deadline = time.monotonic() + _JOIN_S
         with self._mu:

@@ -241,7 +241,7 @@ class Launcher:
     # -- workers -------------------------------------------------------------------------------------------------
 
     def _start_workers(self, plan: LaunchPlan) -> None:
-        env = worker_env(self.env, local_ranks=self.opts.local_ranks)
+        env = worker_env(self.env, local_ranks=self.opts.local_ranks, nodes=self.opts.nodes)
         env.setdefault("PYTHONUNBUFFERED", "1")
         for node in plan.nodes:
             child = _Child(f"worker {node.node_rank}", self._popen(node.argv, env, merge_stderr=True, cpus=node.cpus))

@@ -163,17 +163,36 @@ def loopback_block(local_ranks: int, l2_bytes: int | None) -> str | None:
     return None
 
 
-def worker_env(base_env: Mapping[str, str], local_ranks: int = 1, l2_bytes: int | None = None) -> dict[str, str]:
+def loopback_algorithm(nodes: int, local_ranks: int) -> str | None:
+    """The algorithm the launcher gives its workers (``FF_HFREDUCE_ALGORITHM``), or None for the
+    worker's default (the double binary tree).
+
+    Simulated nodes share one host's loopback and CPUs, where a ring's ``n`` flows carry more
+    than the trees' ``4(n-1)`` (:mod:`._ring`).  Measured on the twenty-seventh VM (AMD Zen 4,
+    2026-11-27; two launches each, alternating): with one rank per node the ring took 0.72x the
+    trees' time on 4 nodes at 64 MiB (69-74 ms against 95-102) and 0.96x on 5, but with two
+    ranks per node on 3 nodes 1.1-1.2x, where the trees' block loops fuse the local reduce with
+    the children's blocks and the ring reduces the ranks in numpy passes of its own.  So: one rank
+    per node and at least three nodes (with two, both are a single exchange)."""
+    return "ring" if nodes >= 3 and local_ranks == 1 else None
+
+
+def worker_env(base_env: Mapping[str, str], local_ranks: int = 1, l2_bytes: int | None = None,
+               nodes: int = 1) -> dict[str, str]:
     """The environment of the launcher's workers: ``base_env``, with the loopback links' send
     buffer (:data:`LOOPBACK_SEND_BUF`) unless ``FF_HFREDUCE_SEND_BUF_SIZE`` is set there (even
-    empty: auto-tuning asked for), and the block of :func:`loopback_block` for ``local_ranks``
+    empty: auto-tuning asked for), the block of :func:`loopback_block` for ``local_ranks``
     per node and this host's L2 (``l2_bytes``; None: read from sysfs) unless
-    ``FF_HFREDUCE_BLOCK_SIZE`` is set there."""
+    ``FF_HFREDUCE_BLOCK_SIZE`` is set there, and the algorithm of :func:`loopback_algorithm` for
+    ``nodes`` unless ``FF_HFREDUCE_ALGORITHM`` is set there."""
     env = dict(base_env)
     env.setdefault("FF_HFREDUCE_SEND_BUF_SIZE", LOOPBACK_SEND_BUF)
     block = loopback_block(local_ranks, cache_bytes(2) if l2_bytes is None else l2_bytes)
     if block is not None:
         env.setdefault("FF_HFREDUCE_BLOCK_SIZE", block)
+    algorithm = loopback_algorithm(nodes, local_ranks)
+    if algorithm is not None:
+        env.setdefault("FF_HFREDUCE_ALGORITHM", algorithm)
     return env
 
 

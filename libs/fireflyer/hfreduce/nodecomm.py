@@ -642,7 +642,8 @@ class NodeComm:
                              chunk_bytes=w.chunk_bytes, timeout_s=self.timeout_s + ENGINE_SLACK_S,
                              block_bytes=w.settings.block_bytes, streaming=w.settings.stream,
                              sock_buf_bytes=w.settings.sock_buf_bytes, tcp_congestion=w.settings.congestion_prefs,
-                             send_buf_bytes=w.settings.send_buf_bytes, express_poll_s=w.settings.express_poll_s)
+                             send_buf_bytes=w.settings.send_buf_bytes, express_poll_s=w.settings.express_poll_s,
+                             algorithm=w.settings.algorithm, ring_piece_bytes=w.settings.ring_piece_bytes)
             eng.start(self.timeout_s)
             log.info("hfreduce.engine_connected", node=self.node_rank, comm=self.key,
                      congestion=",".join(eng.congestion_summary()))

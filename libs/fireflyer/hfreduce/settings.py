@@ -76,6 +76,12 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     #: before its reader sleeps (the engine's default, ``express.EXPRESS_POLL_S``, written out
     #: here so that reading settings does not import the kernels; its docs say why); 0: off
     express_poll_us: float = 200.0
+    #: how large float32/int ops cross three or more nodes: "tree" (the double binary tree) or
+    #: "ring" (reduce-scatter then allgather around the nodes, ``_ring``: fewer, longer flows,
+    #: which carry more where the nodes share one host's loopback); every node must use the same
+    algorithm: str = "tree"
+    #: bytes per frame of a ring op (``_ring.RING_PIECE_BYTES`` says why 2M); every node must use the same
+    ring_piece_size: str = "2M"
     #: default deadline of one collective when the rank sets none
     timeout_s: float = 60.0
     #: bearer token the node engines present to each other
@@ -105,6 +111,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
         return parse_size(self.block_size, "block_size")
 
     @property
+    def ring_piece_bytes(self) -> int:
+        return parse_size(self.ring_piece_size, "ring_piece_size")
+
+    @property
     def congestion_prefs(self) -> tuple[str, ...]:
         return tuple(x.strip() for x in self.tcp_congestion.split(",") if x.strip())
 
@@ -123,6 +133,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
         if parse_size(self.block_size, "block_size") < 4096:
             raise SettingsError(f"block_size must be at least 4K, got {self.block_size!r}",
                                 key="block_size", expected="size >= 4K")
+        if parse_size(self.ring_piece_size, "ring_piece_size") < 4096:
+            raise SettingsError(f"ring_piece_size must be at least 4K, got {self.ring_piece_size!r}",
+                                key="ring_piece_size", expected="size >= 4K")
         for key in ("sock_buf_size", "send_buf_size"):
             value = getattr(self, key)
             if value and parse_size(value, key) < MIN_SOCK_BUF:
@@ -138,6 +151,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError(f"express_poll_us must be between 0 (no polling) and {_MAX_POLL_US:g} "
                                 f"microseconds, got {self.express_poll_us}", key="express_poll_us",
                                 expected=f"float in [0, {_MAX_POLL_US:g}]")
+        if self.algorithm not in ("tree", "ring"):
+            raise SettingsError(f"algorithm must be 'tree' or 'ring', got {self.algorithm!r}", key="algorithm",
+                                expected="tree or ring")
         if self.timeout_s <= 0:
             raise SettingsError(f"timeout_s must be > 0, got {self.timeout_s}", key="timeout_s",
                                 expected="float > 0")

@@ -51,12 +51,16 @@ class OpStats(msgspec.Struct):
     """Telemetry of one collective on one node.
 
     ``trees[t]`` are tree ``t``'s phase times; ``peers`` maps a peer node rank to
-    its traffic (summed over both trees); times are ``time.time()`` seconds.
+    its traffic (summed over both trees); times are ``time.time()`` seconds.  A ring op
+    (``algorithm == "ring"``, :mod:`._ring`) reports its reduce-scatter as ``trees[0].up_s``
+    and its allgather as ``trees[0].down_s``; ``trees[1]`` is empty.
     """
 
     seq: int
     kind: str = "allreduce"
     nbytes: int = 0
+    #: how the op crossed the nodes: ``"tree"`` (the double binary tree) or ``"ring"``
+    algorithm: str = "tree"
     trees: list[TreeStats] = msgspec.field(default_factory=list)
     peers: dict[int, PeerStats] = msgspec.field(default_factory=dict)
     #: streamed ops (the engine reduces and writes the result itself): seconds in the reduce

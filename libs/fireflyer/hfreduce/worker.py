@@ -316,7 +316,9 @@ class Worker:
                          # their SO_SNDBUF as the kernel reports it (FF_HFREDUCE_SEND_BUF_SIZE, doubled)
                          "send_buffers": c.engine.send_buffers() if c.engine is not None else [],
                          # how long its express link polls for the next small op (FF_HFREDUCE_EXPRESS_POLL_US)
-                         "express_poll_us": c.engine.express_poll_s * 1e6 if c.engine is not None else None}
+                         "express_poll_us": c.engine.express_poll_s * 1e6 if c.engine is not None else None,
+                         # how large ops cross the nodes (FF_HFREDUCE_ALGORITHM; "tree" where a ring cannot run)
+                         "algorithm": c.engine.algorithm if c.engine is not None else None}
                      for k, c in self._comms.items()}
         return {"node_rank": self.node_rank, "nnodes": self.nnodes, "pid": os.getpid(),
                 "local_world_size": self.local_world_size, "chunk_bytes": self.chunk_bytes,

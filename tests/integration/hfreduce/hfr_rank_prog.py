@@ -105,7 +105,9 @@ def _matrix(comm: Any, out: str, full: bool) -> dict[str, Any]:
     st = comm.status()
     np.savez(os.path.join(out, f"rank{comm.rank}.npz"), **results)
     return {"torch": torch is not None, "recent": len(st.recent), "phases": sorted({r.phase for r in st.recent}),
-            "record_fields": sorted(st.recent[-1].__struct_fields__) if st.recent else []}
+            "record_fields": sorted(st.recent[-1].__struct_fields__) if st.recent else [],
+            # how the ops crossed the nodes (OpStats.algorithm; none on a single node)
+            "algorithms": sorted({r.stats.algorithm for r in st.recent if r.stats is not None and r.stats.peers})}
 
 
 def _run(mode: str, comm: Any, args: argparse.Namespace) -> dict[str, Any]:

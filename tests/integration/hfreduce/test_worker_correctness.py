@@ -87,8 +87,10 @@ def extra_checks(res: dict[int, dict[str, np.ndarray]], world: int) -> None:
             assert np.all(res[r]["torch_copy"].view(np.float32) == world * (world - 1) // 2)
 
 
-def run_matrix(nnodes: int, k: int, full: bool) -> dict[int, dict[str, np.ndarray]]:
-    cluster = Cluster(nnodes, k, chunk="1k").start()
+def run_matrix(nnodes: int, k: int, full: bool, env: dict[str, str] | None = None,
+               algorithms: set[str] | None = None) -> dict[int, dict[str, np.ndarray]]:
+    """Every rank's results; ``algorithms``: how rank 0's recent ops crossed the nodes (filled in)."""
+    cluster = Cluster(nnodes, k, chunk="1k", env=env).start()
     world = nnodes * k
     out: dict[int, dict[str, np.ndarray]] = {}
     try:
@@ -104,6 +106,8 @@ def run_matrix(nnodes: int, k: int, full: bool) -> dict[int, dict[str, np.ndarra
     bad = {r: o for r, o in outcomes.items() if not o["ok"]}
     assert not bad, bad
     assert codes == [0] * nnodes, codes
+    if algorithms is not None:
+        algorithms.update(outcomes[0]["algorithms"])
     if full:
         has_torch = all(o["torch"] for o in outcomes.values())
         if not has_torch and os.environ.get("CI"):
@@ -119,6 +123,21 @@ def test_worker_allreduce_matrix(nnodes: int, k: int) -> None:
     full = (nnodes, k) in FULL
     res = run_matrix(nnodes, k, full)
     check_results(res, nnodes * k, full)
+    assert list_segments() == []
+
+
+RING_CONFIGS = [(3, 2), (4, 1), (5, 3)]
+
+
+@pytest.mark.parametrize(("nnodes", "k"), RING_CONFIGS, ids=[f"{n}nodes-{k}ranks" for n, k in RING_CONFIGS])
+def test_worker_allreduce_matrix_on_the_ring(nnodes: int, k: int) -> None:
+    """``FF_HFREDUCE_ALGORITHM=ring``: the float32 and integer ops above the 1 KiB chunk go around
+    the ring (the local ranks' buffers as the engine's inputs and mirrors); the rest, the trees."""
+    full = (nnodes, k) == (3, 2)
+    used: set[str] = set()
+    res = run_matrix(nnodes, k, full, env={"FF_HFREDUCE_ALGORITHM": "ring"}, algorithms=used)
+    check_results(res, nnodes * k, full)
+    assert used == {"ring", "tree"}, used  # (the recent ops end with small ones: the barrier's, on the trees)
     assert list_segments() == []
 
 

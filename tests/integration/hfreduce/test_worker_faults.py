@@ -252,3 +252,46 @@ def test_worker_kill9_rank_in_the_middle_of_large_ops_aborts_every_node() -> Non
     for r in (0, 1):
         assert res[r]["kind"] == "CollectiveAborted" and "node 1" in res[r]["message"], res[r]
     assert list_segments() == []
+
+
+RING_ENV = {"FF_HFREDUCE_ALGORITHM": "ring"}
+
+
+def test_worker_kill9_worker_in_the_middle_of_ring_ops_every_rank_raises() -> None:
+    """Three nodes with ``FF_HFREDUCE_ALGORITHM=ring``: large ops go around the ring, and a worker
+    killed in the middle of one is named by every rank at once."""
+    c = Cluster(3, 2, chunk="1k", timeout_s=10.0, env=RING_ENV).start()
+    try:
+        run = c.ranks("bigloop", wait=False)
+        run.wait_line("streaming", 6)
+        c.kill_worker(1)
+        run.wait(30)
+        res = run.results()
+    finally:
+        c.stop()
+    assert sorted(res) == list(range(6)), res
+    for r in range(6):
+        assert not res[r]["ok"] and res[r]["hfreduce_error"], res[r]
+        assert "node 1" in res[r]["message"], res[r]["message"]
+        assert res[r]["op_elapsed"] < 5.0, res[r]
+    assert list_segments() == []
+
+
+def test_worker_kill9_rank_in_the_middle_of_ring_ops_aborts_every_node() -> None:
+    c = Cluster(3, 2, chunk="1k", timeout_s=10.0, env=RING_ENV).start()
+    try:
+        run = c.ranks("bigloop", wait=False)
+        run.wait_line("streaming", 6)
+        os.kill(run.pids[5], signal.SIGKILL)
+        run.wait(30)
+        res = run.results()
+        assert all(w.poll() is None for w in c.workers), "a worker died with the rank"
+    finally:
+        c.stop()
+    _all_raised(res, [0, 1, 2, 3, 4])
+    for r in range(5):
+        assert res[r]["op_elapsed"] < 5.0, res[r]
+        assert "rank 5" in res[r]["message"], res[r]["message"]
+    for r in range(4):  # nodes 0 and 1: the abort from node 2, with its reason
+        assert res[r]["kind"] == "CollectiveAborted" and "node 2" in res[r]["message"], res[r]
+    assert list_segments() == []
