@@ -24,7 +24,8 @@ receives from ``i-1`` over one extra link each (tree index :data:`RING_TREE` in 
 handshake).  Reduce-scatter step ``s`` sends segment ``i-s`` and receives segment ``i-s-1``,
 which the reader reduces with this node's inputs (own inputs first, in order, then the
 received partial); after ``n-1`` steps segment ``i+1`` is final here (divided for ``avg``) and
-the allgather passes final segments around, received straight into ``work``.  A piece of step
+the allgather passes final segments around, received straight into ``work``.  Each final piece
+is copied to the ``mirrors`` and reported to ``on_final`` (a broadcast's write-back) as it lands.  A piece of step
 ``s > 0`` is sent once the reader has finished the same piece of step ``s-1``: the only
 dependency.  Every segment is reduced in one fixed order and finalised on one node, so every
 node ends with the same bits, run after run.

@@ -48,25 +48,13 @@ from fireflyer.core.sizes import parse_size
 from fireflyer.wire.conn import set_io_timeout
 
 from ._node_procs import collect, reap, spawn
+from ._ring import ring_steps  # (the engine's ring schedule: the reference runs the same steps)
 from .bench_floor import SocketBuffers, loopback_pair
 from .bench_flows import links_setup
 
 __all__ = ["ring_steps", "measure_ring_ops", "main"]
 
 _ITEM = 4  # float32
-
-
-def ring_steps(node: int, nodes: int) -> list[tuple[int, int, bool]]:
-    """``(segment sent, segment received, reduce)`` for each of the ``2(n-1)`` steps of ``node``.
-
-    Reduce-scatter step ``s`` sends segment ``node - s`` and receives ``node - s - 1`` (added to
-    the node's own); after ``n - 1`` steps segment ``node + 1`` is final here.  Allgather step
-    ``s`` sends segment ``node + 1 - s`` and receives ``node - s`` into place.  What a node sends
-    at step ``s > 0`` is what it received at step ``s - 1``: the pipeline's only dependency.
-    """
-    rs = [((node - s) % nodes, (node - s - 1) % nodes, True) for s in range(nodes - 1)]
-    ag = [((node + 1 - s) % nodes, (node - s) % nodes, False) for s in range(nodes - 1)]
-    return rs + ag
 
 
 def _recv_exact(rx: socket.socket, view: memoryview) -> None:

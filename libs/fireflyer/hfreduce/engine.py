@@ -7,7 +7,10 @@ reports element ranges as they become final so the worker can copy results back
 to its ranks while the rest is still in flight.  With ``fill(start, stop)`` the
 worker instead hands over an unfilled buffer and the engine asks for the local
 partial chunk by chunk (on its fill thread, ahead of the up threads): the local
-reduce is then pipelined with the trees instead of preceding them.
+reduce is then pipelined with the trees instead of preceding them.  With
+``algorithm="ring"`` large streamed ops on three or more nodes go around a ring instead
+(:mod:`._ring`: one more link to each ring neighbour, its own sender thread and frames);
+everything below describes the trees, and the failure rules hold for both.
 
 **Trees and data split.**  ``zone_aware_double_tree(zones)`` (or the plain
 ``double_binary_tree``): tree ``t`` carries half ``t`` of the buffer

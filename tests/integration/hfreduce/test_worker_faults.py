@@ -210,20 +210,28 @@ def test_worker_hung_worker_ranks_raise_after_deadline_and_grace() -> None:
     assert list_segments() == []
 
 
-def test_worker_kill9_worker_in_the_middle_of_large_ops_every_rank_raises() -> None:
-    """Large ops stream (one frame per tree half, in blocks): a worker killed mid-stream breaks
-    its peers' block loops at once, and every rank raises naming the dead node."""
-    c = _start(timeout_s=10.0)
+#: (nodes, ranks per node, extra worker environment): two nodes on the trees' streamed block loops, three
+#: around the ring (``FF_HFREDUCE_ALGORITHM=ring``)
+LARGE_OP_SHAPES = [(2, 2, {}), (3, 2, {"FF_HFREDUCE_ALGORITHM": "ring"})]
+
+
+@pytest.mark.parametrize(("nnodes", "k", "env"), LARGE_OP_SHAPES, ids=["trees", "ring"])
+def test_worker_kill9_worker_in_the_middle_of_large_ops_every_rank_raises(nnodes: int, k: int,
+                                                                          env: dict[str, str]) -> None:
+    """Large ops stream (one frame per tree half, in blocks) or go around the ring: a worker
+    killed mid-op breaks its peers' loops at once, and every rank raises naming the dead node."""
+    world = nnodes * k
+    c = Cluster(nnodes, k, chunk="1k", timeout_s=10.0, env=env).start()
     try:
         run = c.ranks("bigloop", wait=False)
-        run.wait_line("streaming", 4)
+        run.wait_line("streaming", world)
         c.kill_worker(1)
         run.wait(30)
         res = run.results()
     finally:
         c.stop()
-    assert sorted(res) == [0, 1, 2, 3], res
-    for r in range(4):
+    assert sorted(res) == list(range(world)), res
+    for r in range(world):
         assert not res[r]["ok"] and res[r]["hfreduce_error"], res[r]
         assert "node 1" in res[r]["message"], res[r]["message"]
         assert res[r]["op_elapsed"] < 5.0, res[r]  # well before the deadline: a death is noticed at once
@@ -231,67 +239,27 @@ def test_worker_kill9_worker_in_the_middle_of_large_ops_every_rank_raises() -> N
     assert list_segments() == []
 
 
-def test_worker_kill9_rank_in_the_middle_of_large_ops_aborts_every_node() -> None:
-    """A rank killed mid-stream fails its node's communicator; the node's block loops end
-    their frames with an aborted block, and the other node's ranks get the abort with its
+@pytest.mark.parametrize(("nnodes", "k", "env"), LARGE_OP_SHAPES, ids=["trees", "ring"])
+def test_worker_kill9_rank_in_the_middle_of_large_ops_aborts_every_node(nnodes: int, k: int,
+                                                                        env: dict[str, str]) -> None:
+    """A rank killed mid-op fails its node's communicator; the node's loops end their frames
+    (a streamed half with an aborted block), and the other nodes' ranks get the abort with its
     reason (the rank), not a lost connection."""
-    c = _start(timeout_s=10.0)
+    world, last = nnodes * k, nnodes - 1
+    c = Cluster(nnodes, k, chunk="1k", timeout_s=10.0, env=env).start()
     try:
         run = c.ranks("bigloop", wait=False)
-        run.wait_line("streaming", 4)
-        os.kill(run.pids[3], signal.SIGKILL)
+        run.wait_line("streaming", world)
+        os.kill(run.pids[world - 1], signal.SIGKILL)
         run.wait(30)
         res = run.results()
         assert all(w.poll() is None for w in c.workers), "a worker died with the rank"
     finally:
         c.stop()
-    _all_raised(res, [0, 1, 2])
-    for r in (0, 1, 2):
+    _all_raised(res, list(range(world - 1)))
+    for r in range(world - 1):
         assert res[r]["op_elapsed"] < 5.0, res[r]
-        assert "rank 3" in res[r]["message"], res[r]["message"]
-    for r in (0, 1):
-        assert res[r]["kind"] == "CollectiveAborted" and "node 1" in res[r]["message"], res[r]
-    assert list_segments() == []
-
-
-RING_ENV = {"FF_HFREDUCE_ALGORITHM": "ring"}
-
-
-def test_worker_kill9_worker_in_the_middle_of_ring_ops_every_rank_raises() -> None:
-    """Three nodes with ``FF_HFREDUCE_ALGORITHM=ring``: large ops go around the ring, and a worker
-    killed in the middle of one is named by every rank at once."""
-    c = Cluster(3, 2, chunk="1k", timeout_s=10.0, env=RING_ENV).start()
-    try:
-        run = c.ranks("bigloop", wait=False)
-        run.wait_line("streaming", 6)
-        c.kill_worker(1)
-        run.wait(30)
-        res = run.results()
-    finally:
-        c.stop()
-    assert sorted(res) == list(range(6)), res
-    for r in range(6):
-        assert not res[r]["ok"] and res[r]["hfreduce_error"], res[r]
-        assert "node 1" in res[r]["message"], res[r]["message"]
-        assert res[r]["op_elapsed"] < 5.0, res[r]
-    assert list_segments() == []
-
-
-def test_worker_kill9_rank_in_the_middle_of_ring_ops_aborts_every_node() -> None:
-    c = Cluster(3, 2, chunk="1k", timeout_s=10.0, env=RING_ENV).start()
-    try:
-        run = c.ranks("bigloop", wait=False)
-        run.wait_line("streaming", 6)
-        os.kill(run.pids[5], signal.SIGKILL)
-        run.wait(30)
-        res = run.results()
-        assert all(w.poll() is None for w in c.workers), "a worker died with the rank"
-    finally:
-        c.stop()
-    _all_raised(res, [0, 1, 2, 3, 4])
-    for r in range(5):
-        assert res[r]["op_elapsed"] < 5.0, res[r]
-        assert "rank 5" in res[r]["message"], res[r]["message"]
-    for r in range(4):  # nodes 0 and 1: the abort from node 2, with its reason
-        assert res[r]["kind"] == "CollectiveAborted" and "node 2" in res[r]["message"], res[r]
+        assert f"rank {world - 1}" in res[r]["message"], res[r]["message"]
+    for r in range(last * k):  # the other nodes' ranks: the abort from the last node, with its reason
+        assert res[r]["kind"] == "CollectiveAborted" and f"node {last}" in res[r]["message"], res[r]
     assert list_segments() == []

@@ -30,14 +30,15 @@ def inputs(n: int, count: int, dtype: np.dtype, seed: int) -> list[np.ndarray]:
 
 
 def reference(arrs: list[np.ndarray], op: str) -> np.ndarray:
-    wide = np.stack([a.astype(np.float64 if a.dtype != np.int64 else np.int64) for a in arrs])
+    exact = arrs[0].dtype.kind in "iu"  # integers in int64 (floor division for avg), floats in float64
+    wide = np.stack([a.astype(np.int64 if exact else np.float64) for a in arrs])
     if op == "max":
         return wide.max(axis=0)
     if op == "min":
         return wide.min(axis=0)
     s = wide.sum(axis=0)
     if op == "avg":
-        return s // len(arrs) if arrs[0].dtype == np.int64 else s / len(arrs)
+        return s // len(arrs) if exact else s / len(arrs)
     return s
 
 

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 from engine_util import allreduce_all, close_all, make_engines, run_all
+from test_engine import check, inputs, reference
 
 from fireflyer.core.errors import InvalidArgument, SettingsError, Unauthenticated
 from fireflyer.hfreduce._ring import RING_TREE, RingOp, reduce_piece, ring_steps, segments
@@ -27,37 +28,9 @@ RING = {"algorithm": "ring"}
 INLINE = 4096  # make_engines' chunk: ops up to this many bytes are inline, on the trees
 
 
-def _inputs(n: int, count: int, dtype: np.dtype, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    if dtype == np.float32:
-        return [rng.standard_normal(count).astype(np.float32) for _ in range(n)]
-    return [rng.integers(-50, 51, count).astype(dtype) for _ in range(n)]
-
-
-def _reference(arrs: list[np.ndarray], op: str) -> np.ndarray:
-    exact = arrs[0].dtype != np.float32
-    wide = np.stack([a.astype(np.int64 if exact else np.float64) for a in arrs])
-    if op == "max":
-        return wide.max(axis=0)
-    if op == "min":
-        return wide.min(axis=0)
-    s = wide.sum(axis=0)
-    if op == "avg":
-        return s // len(arrs) if exact else s / len(arrs)
-    return s
-
-
 def _check(res: list[object], got: list[np.ndarray], ref: np.ndarray, op: str, *, ring: bool) -> None:
-    errs = [r for r in res if isinstance(r, BaseException)]
-    assert not errs, errs
-    assert all(isinstance(r, OpStats) for r in res)
-    assert all(r.algorithm == ("ring" if ring else "tree") for r in res), [r.algorithm for r in res]
-    first = got[0].tobytes()
-    assert all(g.tobytes() == first for g in got), "nodes disagree bitwise"
-    if got[0].dtype == np.float32 and op in ("sum", "avg"):
-        np.testing.assert_allclose(got[0].astype(np.float64), ref, rtol=1e-5, atol=1e-5)
-    else:
-        np.testing.assert_array_equal(got[0].astype(ref.dtype), ref)
+    check(res, got, ref, op)
+    assert all(r.algorithm == ("ring" if ring else "tree") for r in res), [r.algorithm for r in res]  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------- the plan
@@ -123,8 +96,8 @@ def test_ring_allreduce_matches_numpy_with_identical_bits_on_every_node_and_run(
         for dtype in (np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.int64)):
             for op in ("sum", "avg", "max", "min"):
                 for count in (0, 7, INLINE // dtype.itemsize + 1, 5003):
-                    arrs = _inputs(n, count, dtype, seed=seq)
-                    ref = _reference(arrs, op)
+                    arrs = inputs(n, count, dtype, seed=seq)
+                    ref = reference(arrs, op)
                     again = [a.copy() for a in arrs]
                     res = allreduce_all(engines, arrs, op, seq=seq)
                     _check(res, arrs, ref, op, ring=count * dtype.itemsize > INLINE)
@@ -140,8 +113,8 @@ def test_a_large_ring_op_with_many_pieces_and_the_default_block() -> None:
     for block in (64 << 10, 2 << 20):
         engines = make_engines(n, ring_piece_bytes=block, **RING)
         try:
-            arrs = _inputs(n, count, np.dtype(np.float32), seed=block)
-            ref = _reference(arrs, "avg")
+            arrs = inputs(n, count, np.dtype(np.float32), seed=block)
+            ref = reference(arrs, "avg")
             _check(allreduce_all(engines, arrs, "avg"), arrs, ref, "avg", ring=True)
         finally:
             close_all(engines)
@@ -154,8 +127,8 @@ def test_ring_op_reduces_local_inputs_and_writes_the_mirrors(own_work: bool) -> 
     n, k, count = 3, 3, 20011
     engines = make_engines(n, ring_piece_bytes=4096, **RING)
     try:
-        ranks = [_inputs(k, count, np.dtype(np.float32), seed=10 * i + own_work) for i in range(n)]
-        ref = _reference([r for node in ranks for r in node], "sum")
+        ranks = [inputs(k, count, np.dtype(np.float32), seed=10 * i + own_work) for i in range(n)]
+        ref = reference([r for node in ranks for r in node], "sum")
         works = [np.empty(count, np.float32) if own_work else node[0] for node in ranks]
         mirrors = [node if own_work else node[1:] for node in ranks]
         fp = Fingerprint("c", 0, "sum", "float32", count)
@@ -172,8 +145,8 @@ def test_on_final_reports_every_range_once_already_final() -> None:
     n, count = 3, 50021
     engines = make_engines(n, ring_piece_bytes=16 << 10, **RING)
     try:
-        arrs = _inputs(n, count, np.dtype(np.int32), seed=5)
-        ref = _reference(arrs, "sum")
+        arrs = inputs(n, count, np.dtype(np.int32), seed=5)
+        ref = reference(arrs, "sum")
         seen: list[list[tuple[int, int, bytes]]] = [[] for _ in range(n)]
         lock = threading.Lock()
 
