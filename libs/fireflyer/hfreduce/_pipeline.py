@@ -47,13 +47,14 @@ from fireflyer.wire.frame import Request
 if TYPE_CHECKING:
     from fireflyer.hfreduce.engine import NodeEngine
 
-__all__ = ["Pipeline", "UP", "DOWN", "WAIT", "ABORT", "XCHG", "RING"]
+__all__ = ["Pipeline", "UP", "DOWN", "WAIT", "ABORT", "XCHG", "RING", "RING_TREE"]
 
 _log = get_logger("fireflyer.hfreduce.engine")
 
 UP, DOWN, WAIT, ABORT, XCHG = "hfr.up", "hfr.down", "hfr.wait", "hfr.abort", "hfr.xchg"
-#: a ring op's piece (:mod:`._ring`)
+#: a ring op's piece (:mod:`._ring`), and the tree index of the ring's links
 RING = "hfr.r"
+RING_TREE = 2
 
 
 class _Failed(Exception):
@@ -464,7 +465,11 @@ class Pipeline:
                     fs.discard(plen)  # after a failure: drain, so the peers' writers never block
                     continue
                 try:
-                    if hdr.op == UP and lk.role == CHILD and hdr.meta.get("p"):
+                    if lk.tree == RING_TREE:  # the ring's links carry its pieces, from the previous node only
+                        if hdr.op != RING or lk is not self._ring_prev:
+                            raise ProtocolError(f"{hdr.op} frame on the ring link with {lk.name()}", reason="bad_frame")
+                        self._ring_recv(lk, hdr, plen)
+                    elif hdr.op == UP and lk.role == CHILD and hdr.meta.get("p"):
                         self._park(lk, hdr, plen)
                     elif hdr.op == UP and lk.role == CHILD:
                         self._recv_up(lk, hdr, plen)
@@ -472,8 +477,6 @@ class Pipeline:
                         self._recv_xchg(lk, hdr, plen)
                     elif hdr.op == DOWN and lk.role == PARENT:
                         self._recv_down(lk, hdr, plen)
-                    elif hdr.op == RING and lk is self._ring_prev:
-                        self._ring_recv(lk, hdr, plen)
                     else:
                         raise ProtocolError(f"{hdr.op} frame from our {lk.role}", reason="bad_frame")
                 except HFReduceError as e:

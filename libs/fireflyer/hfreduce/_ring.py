@@ -59,7 +59,7 @@ from fireflyer.core.errors import FireFlyerError
 from fireflyer.core.log import get_logger
 from fireflyer.hfreduce import kernels
 from fireflyer.hfreduce._op import divide_inplace
-from fireflyer.hfreduce._pipeline import RING, _Failed
+from fireflyer.hfreduce._pipeline import RING, RING_TREE, _Failed
 from fireflyer.hfreduce.errors import HFReduceError
 from fireflyer.wire.frame import Request
 
@@ -72,8 +72,6 @@ __all__ = ["RING", "RING_TREE", "ALGORITHMS", "RING_PIECE_BYTES", "RingOp", "Rin
 
 _log = get_logger("fireflyer.hfreduce.engine")
 
-#: the tree index of the ring's links (handshake, ``Link.tree``, telemetry keys ``t2-n<peer>``)
-RING_TREE = 2
 #: the engine's ``algorithm`` values: large streamed ops on the trees, or around a ring
 ALGORITHMS = ("tree", "ring")
 #: bytes per ring frame.  Each piece costs both ends a few tens of microseconds of Python (a

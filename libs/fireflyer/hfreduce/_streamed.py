@@ -149,7 +149,9 @@ class Streaming:
                          for t in (0, 1)]
         self._child_fds = [np.array([lk.fs.sock.fileno() for lk in self._children[t]], dtype=np.int64)
                            for t in (0, 1)]
-        self._down_bufs = {id(lk): _LoopBuffers(1, self.block_bytes) for lk in self._links if lk.role != CHILD}
+        # (the parent links' down loops; the ring's links, tree 2, run no block loop)
+        self._down_bufs = {id(lk): _LoopBuffers(1, self.block_bytes) for lk in self._links
+                           if lk.role != CHILD and lk.tree in (0, 1)}
         self._by_fd = {lk.fs.sock.fileno(): lk for lk in self._links}
         self._loops_seen: tuple[int, ...] = ()
 
@@ -448,7 +450,7 @@ class Streaming:
         """Under the lock, for :meth:`_blame`: whom a running block loop is blocked on."""
         out = []
         loops = [(t, self._up_bufs[t]) for t in (0, 1)]
-        loops += [(lk.tree, self._down_bufs[id(lk)]) for lk in self._links if lk.role != CHILD]
+        loops += [(lk.tree, self._down_bufs[id(lk)]) for lk in self._links if id(lk) in self._down_bufs]
         for t, buf in loops:
             fd = int(buf.io[B.IO_WAIT_FD]) if buf.busy else -1
             lk = self._by_fd.get(fd)

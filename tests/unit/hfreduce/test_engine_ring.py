@@ -339,3 +339,19 @@ def test_nodes_that_disagree_on_the_ring_refuse_to_connect_and_say_why(odd: dict
         assert any("configuration differs" in str(r) for r in res), res
     finally:
         close_all(engines)
+
+
+def test_a_tree_frame_on_a_ring_link_fails_the_engines_instead_of_being_misread() -> None:
+    from fireflyer.wire.frame import Request
+
+    engines = make_engines(3, **RING)
+    try:
+        nxt = engines[0]._ring_next  # white box: node 0's link to node 1, whose reader takes ring pieces only
+        assert nxt is not None
+        nxt.send(Request(rid=0, op="hfr.down", meta={"c": 0}))
+        arrs = [np.ones(20000, np.float32) for _ in range(3)]
+        res = allreduce_all(engines, arrs, "sum", deadline_s=3, join_s=10)
+        assert all(isinstance(r, HFReduceError) for r in res), res
+        assert "hfr.down frame on the ring link" in str(engines[1].failed), engines[1].failed
+    finally:
+        close_all(engines)
