@@ -112,7 +112,10 @@ def reduce_piece(out: np.ndarray, srcs: Sequence[np.ndarray], op: str) -> None:
     """
     if op == "sum":
         with np.errstate(over="ignore", invalid="ignore"):  # inf and inf - inf are results, as in the kernels
-            np.add(srcs[0], srcs[1], out=out) if len(srcs) > 1 else np.copyto(out, srcs[0])
+            if len(srcs) == 1:
+                np.copyto(out, srcs[0])
+            else:
+                np.add(srcs[0], srcs[1], out=out)
             for x in srcs[2:]:
                 np.add(out, x, out=out)
         return
@@ -132,7 +135,7 @@ class RingOp:
     """
 
     __slots__ = ("node", "nodes", "steps", "segs", "per", "pieces", "total", "inputs", "mirrors", "own",
-                 "scratch", "recv_done", "sent", "sending", "rs_end", "ag_end")
+                 "scratch", "recv_done", "sent", "sending")
 
     def __init__(self, node: int, nodes: int, work: np.ndarray, inputs: Sequence[np.ndarray],
                  mirrors: Sequence[np.ndarray], piece_bytes: int) -> None:
@@ -152,8 +155,6 @@ class RingOp:
         self.recv_done = 0  # pieces the reader finished, in order
         self.sent = 0  # pieces the sender finished, in order
         self.sending = False  # the sender is inside a socket call
-        self.rs_end = 0.0
-        self.ag_end = 0.0
 
     def _range(self, seg: int, p: int) -> tuple[int, int]:
         a0, b0 = self.segs[seg]
@@ -288,11 +289,9 @@ class Ringing:
             r.recv_done = q + 1
             self._progress_at = now
             self._ring_cv.notify_all()
-        if q == (r.nodes - 1) * r.pieces - 1:
-            r.rs_end = now
+        if q == (r.nodes - 1) * r.pieces - 1:  # telemetry: the reduce-scatter as tree 0's up phase
             st.up_end[0] = now
-        if q == r.total - 1:
-            r.ag_end = now
+        if q == r.total - 1:  # and the allgather as its down phase
             st.down_end[0] = now
             self._count_down(st)
 
