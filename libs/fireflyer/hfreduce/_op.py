@@ -87,7 +87,7 @@ class OpState:
     __slots__ = ("k", "fp", "wire_fp", "work", "wbytes", "isz", "redop", "avg_divisor", "on_final", "fill", "fuse",
                  "fused", "layouts", "filled", "up_done", "final", "up_sending", "inline", "claimed", "exchange", "xsent",
                  "xclaimed", "status_sent", "remaining", "complete", "result", "on_done", "t0", "started_at",
-                 "up_end", "down_end", "sent_b", "recv_b", "io_s", "stream", "reduce_s", "copyout_s", "ring", "algorithm")
+                 "up_end", "down_end", "sent_b", "recv_b", "io_s", "stream", "reduce_s", "copyout_s", "ring")
 
     def __init__(self, k: int, fp: Fingerprint, work: np.ndarray, redop: str, avg_divisor: int,
                  on_final: Callable[[int, int], None] | None, chunk_bytes: int, nlinks: int,
@@ -112,7 +112,6 @@ class OpState:
         self.stream: Any = None
         #: a ring op's plan and progress (``_ring.RingOp``): the op goes around the ring, not the trees
         self.ring: Any = None
-        self.algorithm = "tree"
         #: seconds of the block loops in reduce kernels and in copies to the mirrors
         self.reduce_s = 0.0
         self.copyout_s = 0.0
@@ -185,6 +184,6 @@ class OpState:
             ps.bytes_received += self.recv_b[i]
             ps.transfer_s += self.io_s[i]
         return OpStats(seq=self.fp.seq, kind=self.fp.kind, nbytes=self.work.nbytes, trees=trees,
-                       algorithm=self.algorithm,
+                       algorithm="tree" if self.ring is None else "ring",
                        peers=peers, reduce_s=self.reduce_s, copyout_s=self.copyout_s, started_at=self.started_at,
                        finished_at=self.started_at + (time.monotonic() - self.t0))

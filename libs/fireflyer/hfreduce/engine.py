@@ -504,7 +504,6 @@ class NodeEngine(Pipeline, Streaming, Ringing):
         if ring is not None:  # the ring sender's last piece and the reader's: nothing on the trees
             st.ring = ring
             st.remaining = 2
-            st.algorithm = "ring"
         if fill is not None and st.inline:
             if work.size:
                 fill(0, work.size)

@@ -84,9 +84,12 @@ def test_three_nodes_measure_the_flows_of_their_trees(monkeypatch: pytest.Monkey
         return real_ring(nodes, size, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ba, "measure_ring_ops", ring_spy)
+    monkeypatch.delenv("FF_HFREDUCE_ALGORITHM", raising=False)
     rc = main(["--nodes", "3", "--local-ranks", "1", "--sizes", "4,1M", "--target-s", "0.05", "--json", "-"])
     assert rc == 0
-    small, big = json.loads(capsys.readouterr().out)["results"]
+    doc = json.loads(capsys.readouterr().out)
+    small, big = doc["results"]
+    assert doc["algorithm"] == "ring"  # the launcher's choice for one rank per node on three nodes
     assert patterns == [(8, 3), (8, 3)]  # before and after the collectives, the best kept
     assert rings == [(1 << 20) // 12 * 12] * 2  # the ring's too, on whole segments of float32s
     assert small["tree_flows_GBps"] is None  # latency-bound sizes have no anchors
@@ -103,7 +106,7 @@ def test_one_node_two_ranks_bf16_json_on_stdout(capsys: pytest.CaptureFixture[st
                "--target-s", "0.05", "--json", "-"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["vs"] is None and doc["world_size"] == 2
+    assert doc["vs"] is None and doc["world_size"] == 2 and doc["algorithm"] == "tree"
     for e in doc["results"]:
         assert REQUIRED <= e.keys() and e["dtype"] == "bf16"
         assert e["time_s"] > 0 and e["algbw_GBps"] > 0
