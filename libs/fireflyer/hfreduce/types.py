@@ -53,7 +53,7 @@ class OpStats(msgspec.Struct):
     ``trees[t]`` are tree ``t``'s phase times; ``peers`` maps a peer node rank to
     its traffic (summed over both trees); times are ``time.time()`` seconds.  A ring op
     (``algorithm == "ring"``, :mod:`._ring`) reports its reduce-scatter as ``trees[0].up_s``
-    and its allgather as ``trees[0].down_s``; ``trees[1]`` is empty.
+    and its allgather as ``trees[0].down_s``; ``trees[1]`` stays at zero.
     """
 
     seq: int
