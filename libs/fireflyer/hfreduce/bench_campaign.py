@@ -21,7 +21,9 @@ could have had (reading the inputs once and nothing else); ``% of floor`` is how
 came.  For the share of the loopback bound it adds ``bound / tree flows``: how much more the
 bound's pairs carried than the double tree's own flows, stripped of the allreduce, so the
 target's share of those flows and ours, and what a bare ring allreduce over the bound's own
-flows reached of the bound in the same runs (``ff bench ringref``).  ``--json PATH`` (``-``: stdout) writes the whole campaign: the folded goals, every shape's medians
+flows reached of the bound in the same runs (``ff bench ringref``); when the op itself went around
+the ring (the runs' ``algorithm``), that bare ring is the anchor: the target's share of what it
+reached, and ours.  ``--json PATH`` (``-``: stdout) writes the whole campaign: the folded goals, every shape's medians
 (:func:`.bench_runs.summarize_runs`) and every run's kernel goals.
 
 The decisions (:func:`parse_shapes`, :func:`fold_goals`, :func:`campaign_result`) are pure;
@@ -105,6 +107,15 @@ def _floor_context(summary: dict[str, Any], goal: dict[str, Any]) -> dict[str, A
         return {}
     if spec.key == "ratio" and entry.get("gloo_over_floor") is not None:
         return {"gloo_over_floor": entry["gloo_over_floor"], "fraction_of_floor": entry.get("fraction_of_floor")}
+    if spec.key == "fraction_of_bound" and summary.get("algorithm") == "ring" \
+            and entry.get("ring_ref_fraction_of_bound"):
+        # the op went around a ring: its anchor is the bare ring over the same flows, not the trees';
+        # per run ours / the reference's share of the same bound (= the reference's time / ours)
+        shares = [e["fraction_of_bound"] / e["ring_ref_fraction_of_bound"] for run in summary.get("per_run", [])
+                  for e in run if e["size_bytes"] == spec.size_bytes
+                  and e.get("fraction_of_bound") and e.get("ring_ref_fraction_of_bound")]
+        return {"algorithm": "ring", "ring_ref_fraction_of_bound": entry["ring_ref_fraction_of_bound"],
+                "fraction_of_ring_ref": statistics.median(shares) if shares else None}
     if spec.key == "fraction_of_bound" and entry.get("bound_over_tree_flows") is not None:
         return {"bound_over_tree_flows": entry["bound_over_tree_flows"],
                 "fraction_of_tree_flows": entry.get("fraction_of_tree_flows"),
@@ -213,7 +224,12 @@ def goal_lines(result: dict[str, Any]) -> list[str]:
 def _floor_text(g: dict[str, Any]) -> str:
     """The anchor column of a goal: on the ratio to Gloo the allreduce floor, on the ratio to
     numpy the read floor, on the share of the loopback bound what the tree's own flows carried
-    and, where the runs measured it, the bare ring's share of the bound."""
+    and, where the runs measured it, the bare ring's share of the bound (for an op on the ring,
+    the bare ring alone: the same algorithm without HFReduce around it)."""
+    if g.get("algorithm") == "ring":
+        ring, ours = g["ring_ref_fraction_of_bound"], g.get("fraction_of_ring_ref")
+        return (f"on the ring; a bare ring allreduce reached {ring * 100:.0f}% of the bound: the target needs "
+                f"{g['target'] / ring * 100:.0f}% of what it reached" + (f", ours at {ours * 100:.0f}%" if ours else ""))
     if g.get("bound_over_tree_flows") is not None:
         x, ours = g["bound_over_tree_flows"], g.get("fraction_of_tree_flows")
         ring = g.get("ring_ref_fraction_of_bound")
