@@ -75,7 +75,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BLOCK_BYTES", "MARKER_BYTES", "OK", "FAILED", "ABORTED", "PEER_ABORTED", "BAD_FRAME", "IO_LEN",
            "IO_WAIT_FD", "IO_WAIT_SEND", "IO_FAIL_FD", "IO_ERRNO", "IO_DONE", "IO_GOT", "T_REDUCE", "T_RECV",
-           "T_SEND", "T_COPY", "new_io", "up_chunk", "down_chunk", "framed_bytes", "in_place_sub", "l1d_bytes",
+           "T_SEND", "T_COPY", "LAND", "new_io", "up_chunk", "down_chunk", "framed_bytes", "in_place_sub", "l1d_bytes",
            "drain_frame"]
 
 #: bytes per block of a streamed chunk: the inputs of one block (a child's block, the output
@@ -92,6 +92,9 @@ BLOCK_BYTES = 512 << 10
 OK, FAILED, ABORTED, PEER_ABORTED, BAD_FRAME = 0, 1, 2, 3, 4
 IO_WAIT_FD, IO_WAIT_SEND, IO_FAIL_FD, IO_ERRNO, IO_DONE, IO_GOT = 0, 1, 2, 3, 4, 5
 IO_LEN = IO_GOT
+#: ``up_chunk``'s ``parent`` for a step whose blocks land in ``work`` (and the mirrors) and go
+#: nowhere: the receiving half of a ring's reduce-scatter step
+LAND = -2
 #: bytes of the marker after every block: ``_MAGIC | block << 1 | aborted``
 MARKER_BYTES = 8
 _MAGIC = 0x4646424B << 32  # "FFBK"
@@ -479,7 +482,8 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
     ``parent >= 0``: the block goes from ``scratch`` (one block of room) to the
     parent.  ``parent < 0`` (the root): it lands in ``work`` (element ``i`` at
     ``work + i * isz``), is divided by ``divisor`` (> 1: ``avg``), sent down to every
-    child and copied into every ``mirrors`` address.  ``sub``: elements per sub-block of
+    child and copied into every ``mirrors`` address.  ``parent == LAND``: as at the
+    root, but sent nowhere (a ring's reduce-scatter step, :mod:`._ring`).  ``sub``: elements per sub-block of
     a root's in-place step (the engine passes :func:`in_place_sub`; 0: :data:`_SUB`).
     Returns OK, FAILED, ABORTED, PEER_ABORTED or BAD_FRAME; on all but OK every outgoing
     frame is ended first.
@@ -508,7 +512,7 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
         outs = np.full(1, parent, np.int64)
         spare = scratch  # an aborted block's bytes: any block-sized room of ours
     else:
-        outs = fds.copy()
+        outs = fds.copy() if parent != LAND else np.zeros(0, np.int64)
         spare = 0
     sent = np.zeros(outs.shape[0], np.int64)
     block = 0

@@ -18,48 +18,64 @@ once).  Every other op takes the trees.  The choice depends only on what the fin
 fixes and on settings that every node must share (the links refuse to connect otherwise), so
 all nodes make the same one.
 
-**Schedule** (:func:`ring_steps`).  The buffer is cut into ``n`` segments
-(:func:`segments`), each into ``pieces`` of ``piece_bytes``.  Node ``i`` sends to ``i+1`` and
-receives from ``i-1`` over one extra link each (tree index :data:`RING_TREE` in the
-handshake).  Reduce-scatter step ``s`` sends segment ``i-s`` and receives segment ``i-s-1``,
-which the reader reduces with this node's inputs (own inputs first, in order, then the
-received partial); after ``n-1`` steps segment ``i+1`` is final here (divided for ``avg``) and
-the allgather passes final segments around, received straight into ``work``.  Each final piece
-is copied to the ``mirrors`` and reported to ``on_final`` (a broadcast's write-back) as it lands.  A piece of step
-``s > 0`` is sent once the reader has finished the same piece of step ``s-1``: the only
+**Schedule** (:func:`ring_steps`).  The buffer is cut into ``n`` segments (:func:`segments`).
+Node ``i`` sends to ``i+1`` and receives from ``i-1`` over one extra link each (tree index
+:data:`RING_TREE` in the handshake).  Reduce-scatter step ``s`` sends segment ``i-s`` and
+receives segment ``i-s-1``, which is reduced with this node's inputs (own inputs first, in
+order, then the received partial); after ``n-1`` steps segment ``i+1`` is final here (divided
+for ``avg``) and the allgather passes final segments around, received straight into ``work``
+(and the ``mirrors``; each final segment is reported to ``on_final``, a broadcast's write-back,
+as it lands).  Step ``s > 0`` is sent once the reader has finished step ``s-1``: the only
 dependency.  Every segment is reduced in one fixed order and finalised on one node, so every
 node ends with the same bits, run after run.
 
-An allgather piece is received into a segment whose partial this node sent at an earlier
-reduce-scatter step; no extra wait guards it, because the final piece reaches us only along
-the ring, through the node we sent that partial to.
+**Frames and loops.**  Each segment travels in frames of :data:`RING_PIECE_BYTES` (whole
+blocks; by default a segment of a 64 MiB op over four nodes is one frame): ``hfr.r``, ``rid``
+the engine's op number, ``meta`` ``{"q": frame index over the whole op, "fp": fingerprint on
+q == 0}``, the payload in the streamed ops' blocks (:mod:`._blocks`: ``block_bytes`` of data,
+then a marker).  A frame is one block-loop call on each end, with the GIL released and no
+Python per block: the sender's ``up_chunk`` with no children (step 0 reduces the inputs block
+by block into its scratch block, later steps send ``work`` as it is), the reader's
+``up_chunk`` with ``parent=LAND`` (a reduce-scatter frame: received blocks reduced with the
+inputs into ``work``; the last step's also divided for ``avg`` and written to the mirrors) or
+``down_chunk`` with no children (an allgather frame).  A loop that stops early ends its frame
+with an aborted block, so that the next node reads the abort frame behind it
+(:meth:`~._streamed.Streaming._loop_stopped`).  Python runs once per frame, and a frame is
+sent once the reader has the same frame of the previous step: the only dependency.
 
-**Frames**: ``hfr.r`` (``rid`` the engine's op number; ``meta`` ``{"q": piece index over
-the whole op, "fp": fingerprint on q == 0}``), payload the piece.  The first piece leaves on
-posting, with no dependency, so the next node compares fingerprints at once: a node that runs
-a ring op sees its predecessor's first piece and fails with :class:`FingerprintMismatch` if it
-runs anything else (some node running a ring op always has a successor running a different
-one, if any does).
+Why so few, so long frames (twenty-eighth VM, 2026-11-27, 4 nodes x 1 rank, 64 MiB; the numbers
+in :data:`RING_PIECE_BYTES`): a node's two threads share one GIL, and whatever Python one runs
+holds up the other's next socket call -- 100 us of Python per 2 MiB frame on a bare ring
+made its ops 18% slower -- and each frame also costs a hand-off between the threads.
+
+An allgather step is received into a segment whose partial this node sent at an earlier
+reduce-scatter step; no extra wait guards it, because the final segment reaches us only along
+the ring, through the node we sent that partial to.  The first frame leaves on posting, with
+no dependency, so the next node compares fingerprints at once: a node that runs a ring op
+sees its predecessor's first frame and fails with :class:`FingerprintMismatch` if it runs
+anything else (some node running a ring op always has a successor running a different one,
+if any does).
 
 **Threads**: one sender (``hfr-ring-send``, like an up thread) and the reader of the link
-from the previous node, which receives and reduces.  Deadlines, ``hfr.wait`` / ``hfr.abort``
-and the blame rules are the engine's: a stall names the previous node (receiving) or the next
-(sending), the phase (``reduce-scatter`` / ``allgather``) and the piece.
+from the previous node.  Deadlines, ``hfr.wait`` / ``hfr.abort`` and the blame rules are the
+engine's (moving blocks count as progress): a stall names the previous node (receiving) or
+the next (sending), the phase (``reduce-scatter`` / ``allgather``) and the frame.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fireflyer.core.errors import FireFlyerError
+from fireflyer.core.errors import ProtocolError
 from fireflyer.core.log import get_logger
-from fireflyer.hfreduce import kernels
-from fireflyer.hfreduce._op import divide_inplace
+from fireflyer.hfreduce import _blocks as B
 from fireflyer.hfreduce._pipeline import RING, RING_TREE, _Failed
+from fireflyer.hfreduce._streamed import StreamOp
 from fireflyer.hfreduce.errors import HFReduceError
 from fireflyer.wire.frame import Request
 
@@ -74,13 +90,16 @@ _log = get_logger("fireflyer.hfreduce.engine")
 
 #: the engine's ``algorithm`` values: large streamed ops on the trees, or around a ring
 ALGORITHMS = ("tree", "ring")
-#: bytes per ring frame.  Each piece costs both ends a few tens of microseconds of Python (a
-#: frame header, a wake-up, the bookkeeping), so pieces are larger than the streamed block: on
-#: the twenty-seventh VM, 4 nodes x 1 rank at 64 MiB took 79-82 ms per op with 2M pieces against
-#: 89-97 with 512K (two launches each, alternating), and 5 x 1 113-127 against 136-148; 4M and
-#: 8M did no better than 2M
-RING_PIECE_BYTES = 2 << 20
+#: bytes per ring frame (rounded down to whole blocks, at least one): the sender sends a frame of
+#: step ``s`` once the reader has the same frame of step ``s - 1``, so smaller frames overlap the
+#: steps more, but each costs Python and a hand-off on both ends.  On the twenty-eighth VM (4 x 1,
+#: 64 MiB, so 16 MiB segments; engines alone, four rounds alternating with a bare ring at 117 ms):
+#: 1M frames took 173 ms, 4M 142, 16M 128; through the workers (six alternating rounds) 16M frames
+#: took 122 ms, 8M 129, and the ring before these loops (2M frames, numpy in Python) 134
+RING_PIECE_BYTES = 16 << 20
 _RS, _AG = "reduce-scatter", "allgather"
+_NONE = np.zeros(0, dtype=np.int64)
+_NO_PRE, _NO_PRE_LEN = np.zeros((1, 0), dtype=np.uint8), np.zeros(1, dtype=np.int64)
 
 
 def ring_steps(node: int, nodes: int) -> list[tuple[int, int, bool]]:
@@ -101,60 +120,36 @@ def segments(count: int, nodes: int) -> list[tuple[int, int]]:
     return [(i * count // nodes, (i + 1) * count // nodes) for i in range(nodes)]
 
 
-def reduce_piece(out: np.ndarray, srcs: Sequence[np.ndarray], op: str) -> None:
-    """``srcs`` reduced left to right into ``out`` (which may be ``srcs[0]``, and no other).
-
-    A sum is numpy's ``add``, one input after the other: the kernels' bits (float32 sums in
-    float32, left to right; integers wrap), and on a piece that stays in the cache about twice
-    as fast as one kernel call, whose loop is built for many inputs streaming from memory
-    (131072 float32 + 131072 in place: 28 us against 60 us on the twenty-seventh VM).  max and
-    min take the kernels (their NaN and signed-zero rule), in passes of at most ``MAX_INPUTS``.
-    """
-    if op == "sum":
-        with np.errstate(over="ignore", invalid="ignore"):  # inf and inf - inf are results, as in the kernels
-            if len(srcs) == 1:
-                np.copyto(out, srcs[0])
-            else:
-                np.add(srcs[0], srcs[1], out=out)
-            for x in srcs[2:]:
-                np.add(out, x, out=out)
-        return
-    cap = kernels.MAX_INPUTS
-    kernels.reduce_into(out, list(srcs[:cap]), op, threads=1)
-    rest = list(srcs[cap:])
-    while rest:
-        kernels.reduce_into(out, [out, *rest[:cap - 1]], op, threads=1)
-        rest = rest[cap - 1:]
-
-
 class RingOp:
     """One ring op's plan and progress on this node (counters change under the engine lock).
 
-    Pieces are numbered ``q = step * pieces + p`` in the order both ends handle them: the
-    sender sends them in that order, the reader receives them in it.
+    Each segment is cut into ``pieces`` frames of ``per`` elements (the last ones of a short
+    segment may be empty); frames are numbered ``q = step * pieces + p`` in the order both ends
+    handle them: the sender sends them in that order, the reader receives them in it.
     """
 
-    __slots__ = ("node", "nodes", "steps", "segs", "per", "pieces", "total", "inputs", "mirrors", "own",
-                 "scratch", "recv_done", "sent", "sending")
+    __slots__ = ("node", "nodes", "steps", "segs", "per", "pieces", "total", "so", "own", "work_only",
+                 "recv_done", "sent", "sending")
 
     def __init__(self, node: int, nodes: int, work: np.ndarray, inputs: Sequence[np.ndarray],
-                 mirrors: Sequence[np.ndarray], piece_bytes: int) -> None:
+                 mirrors: Sequence[np.ndarray], redop: str, block_bytes: int, piece_bytes: int) -> None:
         self.node, self.nodes = node, nodes
         self.steps = ring_steps(node, nodes)
         self.segs = segments(work.size, nodes)
-        self.per = max(1, piece_bytes // work.dtype.itemsize)
+        #: the inputs, mirrors and block as the loops take them
+        self.so = StreamOp(work, inputs, mirrors, redop, block_bytes)
+        # a frame is a whole number of blocks (only a segment's last frame has a short last block)
+        self.per = max(1, piece_bytes // work.dtype.itemsize // self.so.blk) * self.so.blk
         longest = max(b - a for a, b in self.segs)
-        #: pieces per segment (the same for every segment; a short one's last pieces may be empty)
         self.pieces = max(1, -(-longest // self.per))
         self.total = len(self.steps) * self.pieces
-        self.inputs = list(inputs)
-        self.mirrors = list(mirrors)
-        #: step 0 sends our own partial: made from the inputs first unless ``work`` is the only one
-        self.own = not (len(self.inputs) == 1 and self.inputs[0] is work)
-        self.scratch = np.empty(min(self.per, longest) or 1, dtype=work.dtype)
-        self.recv_done = 0  # pieces the reader finished, in order
-        self.sent = 0  # pieces the sender finished, in order
-        self.sending = False  # the sender is inside a socket call
+        #: step 0 sends our own partial, made from the inputs block by block (just ``work``'s
+        #: bytes when it is the only input); later steps send ``work`` as it is
+        self.own = self.so.own
+        self.work_only = np.array([work.ctypes.data], dtype=np.int64)
+        self.recv_done = 0  # frames the reader finished, in order
+        self.sent = 0  # frames the sender finished, in order
+        self.sending = False  # the sender is inside a frame's loop
 
     def _range(self, seg: int, p: int) -> tuple[int, int]:
         a0, b0 = self.segs[seg]
@@ -173,18 +168,21 @@ class RingOp:
         return q < (self.nodes - 1) * self.pieces
 
     def finalises(self, q: int) -> bool:
-        """Piece ``q`` received is final once reduced: the last reduce-scatter step."""
+        """Frame ``q`` received is final once reduced: the last reduce-scatter step."""
         return (self.nodes - 2) * self.pieces <= q < (self.nodes - 1) * self.pieces
 
     def phase(self, q: int) -> str:
         return _RS if self.reduces(q) else _AG
+
+    def frame_bytes(self, a: int, b: int, isz: int) -> int:
+        return B.framed_bytes(b - a, self.so.blk, isz)
 
 
 class Ringing:
     """The ring's sender loop, receive step and blame (mixin; see the module docstring)."""
 
     def _ring_send_loop(self: NodeEngine, _: object) -> None:
-        """Send each ring op's pieces to the next node, op after op."""
+        """Send each ring op's frames to the next node, op after op."""
         last = -1
         try:
             while (st := self._wait_op(last)) is not None:
@@ -201,40 +199,46 @@ class Ringing:
 
     def _ring_send_op(self: NodeEngine, st: OpState) -> None:
         r: RingOp = st.ring
+        so = r.so
         lk = self._ring_next
         assert lk is not None
         i = self._links.index(lk)
-        isz = st.isz
-        for q in range(r.total):
-            if q >= r.pieces:  # the same piece of the previous step must be in first
-                with self._mu:
-                    while self._failure is None and r.recv_done <= q - r.pieces:
-                        self._ring_cv.wait()
-                    if self._failure is not None:
-                        raise _Failed()
-            a, b = r.send_range(q)
-            if q < r.pieces and r.own and b > a:
-                t0 = time.perf_counter()
-                reduce_piece(st.work[a:b], [x[a:b] for x in r.inputs], st.redop)
-                st.reduce_s += time.perf_counter() - t0
-            meta = {"q": q, "fp": st.wire_fp} if q == 0 else {"q": q}
-            with self._mu:
-                r.sending = True
+        buf = self._ring_bufs[0]
+        fd = lk.fs.sock.fileno()
+        for s in range(r.total):
+            with self._mu:  # the same frame of the previous step must be in first
+                while self._failure is None and r.recv_done <= s - r.pieces:
+                    self._ring_cv.wait()
+                if self._failure is not None:
+                    raise _Failed()
+                r.sending = buf.busy = True
+            a, b = r.send_range(s)
+            own = r.own if s < r.pieces else r.work_only
+            head = Request(rid=st.k, op=RING, meta={"q": s, "fp": st.wire_fp} if s == 0 else {"q": s})
+            buf.reset()
+            t0 = time.perf_counter()
+            rc = B.ABORTED
             try:
-                dt = lk.send(Request(rid=st.k, op=RING, meta=meta), st.wbytes[a * isz:b * isz])
-            except (OSError, FireFlyerError) as e:
-                self._link_failed(lk, e)
-                raise _Failed() from None
-            st.sent_b[i] += (b - a) * isz
-            st.io_s[i] += dt
+                rc = self._locked_loop([(lk, head)], r.frame_bytes(a, b, st.isz), functools.partial(
+                    B.up_chunk, so.fmt, so.opcode, st.isz, own, _NONE, _NO_PRE, _NO_PRE_LEN, _NONE,
+                    buf.scratch.ctypes.data, st.work.ctypes.data, fd, _NONE, 1, a, b, so.blk, buf.io, self._abort,
+                    buf.times, B.in_place_sub(len(own))))
+            finally:
+                with self._mu:
+                    r.sending = buf.busy = False
+            if rc != B.OK:
+                self._loop_stopped(rc, buf)
+                raise _Failed()
+            st.sent_b[i] += (b - a) * st.isz
+            st.io_s[i] += time.perf_counter() - t0
+            st.reduce_s += float(buf.times[B.T_REDUCE])
             with self._mu:
-                r.sending = False
-                r.sent = q + 1
+                r.sent = s + 1
                 self._progress_at = time.monotonic()
         self._count_down(st)
 
     def _ring_recv(self: NodeEngine, lk: Link, hdr: Request, plen: int) -> None:
-        """A piece from the previous node (on its link's reader): reduce it in, or take it as final."""
+        """A frame from the previous node (on its link's reader): reduced in, or taken as final."""
         with self._mu:  # the previous node may be ahead of our own call: wait for it
             while self._failure is None and (self._op is None or self._op.k < hdr.rid):
                 self._post_cv.wait(0.05)
@@ -248,36 +252,46 @@ class Ringing:
             raise self.peer_mismatch(lk.peer, str(st.fp), fp)
         q = hdr.meta.get("q", -1)
         a, b = r.recv_range(r.recv_done) if r.recv_done < r.total else (0, 0)
-        if q != r.recv_done or plen != (b - a) * st.isz:
+        want = r.frame_bytes(a, b, st.isz)
+        if q != r.recv_done or plen != want:
             raise HFReduceError(
-                f"{st.fp} on {self.who(self.node)}: {self.who(lk.peer)} sent ring piece {q} of {plen} bytes, "
-                f"expected piece {r.recv_done} of {(b - a) * st.isz} (same block size everywhere?)",
+                f"{st.fp} on {self.who(self.node)}: {self.who(lk.peer)} sent ring frame {q} of {plen} bytes, "
+                f"expected frame {r.recv_done} of {want} (same block size everywhere?)",
                 node=self.node, peer=lk.peer, tree=RING_TREE, chunk=r.recv_done)
-        i = self._links.index(lk)
+        so, buf, fd = r.so, self._ring_bufs[1], lk.fs.sock.fileno()
+        final = not r.reduces(q) or r.finalises(q)
+        buf.reset()
+        pre = np.frombuffer(lk.fs.take_buffered(plen), dtype=np.uint8).copy()
+        with self._mu:
+            buf.busy = True
         t0 = time.perf_counter()
-        if r.reduces(q):
-            got = r.scratch[:b - a]
-            if plen:
-                lk.fs.recv_into(memoryview(got.view(np.uint8)))
-            t1 = time.perf_counter()
-            if b > a:
-                reduce_piece(st.work[a:b], [*(x[a:b] for x in r.inputs), got], st.redop)
-            st.reduce_s += time.perf_counter() - t1
-            final = r.finalises(q)
-            if final and st.avg_divisor != 1:
-                divide_inplace(st.work[a:b], st.avg_divisor)
-        else:
-            if plen:
-                lk.fs.recv_into(st.wbytes[a * st.isz:b * st.isz])
-            t1 = time.perf_counter()
-            final = True
-        st.io_s[i] += t1 - t0
-        st.recv_b[i] += plen
-        if final and r.mirrors and b > a:
-            t2 = time.perf_counter()
-            for m in r.mirrors:
-                np.copyto(m[a:b], st.work[a:b])
-            st.copyout_s += time.perf_counter() - t2
+        rc = B.ABORTED
+        try:
+            if r.reduces(q):
+                rc = B.up_chunk(so.fmt, so.opcode, st.isz, so.own, np.array([fd], dtype=np.int64),
+                                pre.reshape(1, -1), np.array([len(pre)], dtype=np.int64), buf.slot_addrs,
+                                buf.scratch.ctypes.data, st.work.ctypes.data, B.LAND,
+                                so.mirrors if final else _NONE, st.avg_divisor if final else 1, a, b, so.blk,
+                                buf.io, self._abort, buf.times, B.in_place_sub(len(so.own) + 1))
+            else:
+                rc = B.down_chunk(fd, pre, st.work.ctypes.data, buf.scratch.ctypes.data, _NONE, so.mirrors,
+                                  st.isz, a, b, so.blk, buf.io, self._abort, buf.times)
+        finally:
+            with self._mu:
+                buf.busy = False
+        if rc != B.OK:
+            broken = rc == B.BAD_FRAME or (rc == B.FAILED and int(buf.io[B.IO_FAIL_FD]) == fd)
+            self._loop_stopped(rc, buf, wait=False)
+            if broken:
+                raise ProtocolError(f"{lk.name()}: ring frame {q} broke off", reason="truncated")
+            if rc != B.PEER_ABORTED:  # (an aborted block ended the frame: the abort frame is next)
+                B.drain_frame(lk.fs, plen, max(int(buf.io[B.IO_GOT]), len(pre)), so.blk * st.isz)
+            return
+        i = self._links.index(lk)
+        st.io_s[i] += time.perf_counter() - t0
+        st.recv_b[i] += (b - a) * st.isz
+        st.reduce_s += float(buf.times[B.T_REDUCE])
+        st.copyout_s += float(buf.times[B.T_COPY])
         if final and st.on_final is not None and b > a:  # (the worker's write-back, e.g. a broadcast's)
             try:
                 st.on_final(a, b)
@@ -296,8 +310,8 @@ class Ringing:
             self._count_down(st)
 
     def _ring_blame(self: NodeEngine, st: OpState) -> list[tuple[int, int, str, int, str]]:
-        """(peer, tree, phase, piece, how) for a ring op: the previous node we wait to receive from,
-        and the next one if our sender is stuck in a send to it (under the lock)."""
+        """(peer, tree, phase, frame, how) for a ring op: the previous node we wait to receive from,
+        and the next one if our sender is inside a frame's loop sending to it (under the lock)."""
         r: RingOp = st.ring
         out: list[tuple[int, int, str, int, str]] = []
         prev, nxt = self._ring_prev, self._ring_next

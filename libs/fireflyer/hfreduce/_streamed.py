@@ -149,9 +149,12 @@ class Streaming:
                          for t in (0, 1)]
         self._child_fds = [np.array([lk.fs.sock.fileno() for lk in self._children[t]], dtype=np.int64)
                            for t in (0, 1)]
-        # (the parent links' down loops; the ring's links, tree 2, run no block loop)
+        # (the parent links' down loops; the ring's links, tree 2, have their own below)
         self._down_bufs = {id(lk): _LoopBuffers(1, self.block_bytes) for lk in self._links
                            if lk.role != CHILD and lk.tree in (0, 1)}
+        #: the ring's sender and reader (:mod:`._ring`): none without a ring
+        self._ring_bufs = ((_LoopBuffers(0, self.block_bytes), _LoopBuffers(1, self.block_bytes, 1))
+                           if self._ring_prev is not None else ())
         self._by_fd = {lk.fs.sock.fileno(): lk for lk in self._links}
         self._loops_seen: tuple[int, ...] = ()
 
@@ -165,7 +168,7 @@ class Streaming:
 
     def _loops_moved(self: NodeEngine) -> bool:
         """Under the lock, for the deadline: did any block loop move a block since we last asked?"""
-        bufs = [*self._up_bufs, *self._down_bufs.values()]
+        bufs = [*self._up_bufs, *self._down_bufs.values(), *self._ring_bufs]
         seen = tuple(x for b in bufs for x in (b.calls, int(b.io[B.IO_DONE])))
         moved = seen != self._loops_seen and any(b.busy for b in bufs)
         self._loops_seen = seen

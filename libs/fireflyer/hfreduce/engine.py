@@ -77,6 +77,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -133,7 +134,7 @@ class NodeEngine(Pipeline, Streaming, Ringing):
     polls for the next small op's frame before its reader sleeps (0: never polls).
     ``algorithm``: ``"tree"`` (the default) or ``"ring"``: large streamed ops on three or more
     nodes without zones go around a ring instead of the trees (:mod:`._ring`), in frames of
-    ``ring_piece_bytes``; every node must choose the same (checked at connect).
+    ``ring_piece_bytes`` (whole blocks); every node must choose the same (checked at connect).
     """
 
     def __init__(self, *, node_rank: int, addresses: Sequence[str], zones: Sequence[str] | None = None,
@@ -207,6 +208,7 @@ class NodeEngine(Pipeline, Streaming, Ringing):
         self._ring_cv = threading.Condition(self._mu)
         self._ring_next: Link | None = None
         self._ring_prev: Link | None = None
+        self._ring_bufs: tuple[Any, ...] = ()  # the ring's loop buffers (``_streamed``), once connected
         self._parent: list[Link | None] = [None, None]
         self._children: list[list[Link]] = [[], []]
         self._links: list[Link] = []
@@ -459,7 +461,8 @@ class NodeEngine(Pipeline, Streaming, Ringing):
         stream = ring = None
         if fill is None and fuse is None and self.can_stream(work):
             if self.ring_on and work.nbytes > self.inline_bytes:
-                ring = RingOp(self.node, self.nnodes, work, inputs or [work], mirrors, self.ring_piece_bytes)
+                ring = RingOp(self.node, self.nnodes, work, inputs or [work], mirrors, "sum" if op == "avg" else op,
+                              self.block_bytes, self.ring_piece_bytes)
             else:
                 stream = StreamOp(work, inputs or [work], mirrors, "sum" if op == "avg" else op, self.block_bytes)
         st = self._post(work, op, fp, on_final, divisor, fill, on_done, fuse, stream, ring)
@@ -644,7 +647,7 @@ class NodeEngine(Pipeline, Streaming, Ringing):
                     st.status_sent = True
                     self._send_status(st.k)  # on other threads: this one must never block on a socket
                     continue
-                if now >= expiry and st.stream is not None and self._loops_moved():
+                if now >= expiry and (st.stream is not None or st.ring is not None) and self._loops_moved():
                     self._progress_at = now  # a block loop moved data: progress, not a stall
                     continue
                 if now >= expiry:
@@ -713,7 +716,7 @@ class NodeEngine(Pipeline, Streaming, Ringing):
         who = self.who(peer) if peer >= 0 else "no peer"
         what = f"sent nothing for {waited:.1f} s" if how == "recv" else f"took no data for {waited:.1f} s"
         note = " and never started this op" if culprits else ""
-        where = (f"in the ring's {phase} phase, piece {chunk}" if tree == RING_TREE
+        where = (f"in the ring's {phase} phase, frame {chunk}" if tree == RING_TREE
                  else f"in tree {tree} {phase} phase, chunk {chunk}")
         return CollectiveTimeout(
             f"{st.fp} on {self.who(self.node)}: {who} {what}{note}, {where} (waiting for nodes {missing or '-'})",

@@ -80,8 +80,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     #: "ring" (reduce-scatter then allgather around the nodes, ``_ring``: fewer, longer flows,
     #: which carry more where the nodes share one host's loopback); every node must use the same
     algorithm: str = "tree"
-    #: bytes per frame of a ring op (``_ring.RING_PIECE_BYTES`` says why 2M); every node must use the same
-    ring_piece_size: str = "2M"
+    #: bytes per frame of a ring op, whole blocks (``_ring.RING_PIECE_BYTES`` says why 16M); every node
+    #: must use the same
+    ring_piece_size: str = "16M"
     #: default deadline of one collective when the rank sets none
     timeout_s: float = 60.0
     #: bearer token the node engines present to each other

@@ -12,7 +12,7 @@ from engine_util import allreduce_all, close_all, make_engines, run_all
 from test_engine import check, inputs, reference
 
 from fireflyer.core.errors import InvalidArgument, SettingsError, Unauthenticated
-from fireflyer.hfreduce._ring import RING_TREE, RingOp, reduce_piece, ring_steps, segments
+from fireflyer.hfreduce._ring import RING_TREE, RingOp, ring_steps, segments
 from fireflyer.hfreduce.engine import NodeEngine
 from fireflyer.hfreduce.errors import (
     CollectiveAborted,
@@ -59,29 +59,41 @@ def test_every_segment_is_reduced_over_all_nodes_once_and_then_sent_everywhere(n
     assert all(h == set(range(n)) for node in have for h in node)
 
 
+def _plan(node: int, n: int, work: np.ndarray, block_bytes: int, piece_bytes: int) -> RingOp:
+    return RingOp(node, n, work, [work], [], "sum", block_bytes, piece_bytes)
+
+
 def test_segments_and_pieces_cover_the_buffer() -> None:
     assert segments(10, 4) == [(0, 2), (2, 5), (5, 7), (7, 10)]
-    op = RingOp(1, 4, np.zeros(10, np.float32), [np.zeros(10, np.float32)], [], piece_bytes=8)
+    op = _plan(1, 4, np.zeros(10, np.float32), 8, 8)
     assert op.pieces == 2 and op.total == 12  # the longest segment (3) in pieces of 2
     spans = [op.recv_range(q) for q in range(op.total)]
     assert spans[0] == (0, 2) and spans[1] == (2, 2)  # segment 0 (2 elements): its second piece is empty
     assert op.finalises(4) and op.finalises(5) and not op.finalises(3) and not op.finalises(6)
     assert op.phase(5) == "reduce-scatter" and op.phase(6) == "allgather"
+    # a frame is a whole number of blocks (at least one), so blocks never straddle frames
+    assert _plan(0, 4, np.zeros(100, np.float32), 8, 20).per == 4
+    assert _plan(0, 4, np.zeros(100, np.float32), 64, 8).per == 16
 
 
 @pytest.mark.parametrize("op", ["sum", "max", "min"])
-def test_reduce_piece_has_the_kernels_bits_and_order(op: str) -> None:
-    from fireflyer.hfreduce import kernels
-
-    rng = np.random.default_rng(3)
-    srcs = [rng.standard_normal(4099).astype(np.float32) * 1e3 for _ in range(19)]  # > MAX_INPUTS
-    srcs[2][:4] = [np.nan, np.inf, -np.inf, -0.0]
-    want = srcs[0].copy()
-    for x in srcs[1:]:
-        kernels.reduce_into(want, [want, x], op, threads=1)
-    out = srcs[0].copy()
-    reduce_piece(out, [out, *srcs[1:]], op)
-    assert out.tobytes() == want.tobytes()
+def test_more_local_inputs_than_one_kernel_pass_takes_and_special_values(op: str) -> None:
+    """18 inputs per node plus the received partial: the reduce-scatter's loop reduces them in
+    several passes; NaN and infinities come through as the kernels define."""
+    n, k, count = 3, 18, 9001
+    engines = make_engines(n, block_bytes=1024, ring_piece_bytes=4096, **RING)
+    try:
+        ranks = [inputs(k, count, np.dtype(np.float32), seed=20 + i) for i in range(n)]
+        ranks[1][2][:3] = [np.nan, np.inf, -np.inf]
+        ranks[2][5][4000:4002] = [np.inf, np.inf]
+        ref = reference([r for node in ranks for r in node], op)
+        fp = Fingerprint("c", 0, op, "float32", count)
+        res = run_all([lambda i=i: engines[i].allreduce(ranks[i][0], op, fp, inputs=ranks[i], mirrors=ranks[i][1:])
+                       for i in range(n)], 30)
+        _check(res, [r for node in ranks for r in node], ref, op, ring=True)
+        assert np.isnan(ranks[0][0][0]) and (ranks[0][0][4000] == np.inf) == (op != "min")
+    finally:
+        close_all(engines)
 
 
 # ---------------------------------------------------------------------------- results
@@ -89,7 +101,8 @@ def test_reduce_piece_has_the_kernels_bits_and_order(op: str) -> None:
 
 @pytest.mark.parametrize("n", [3, 4, 5])
 def test_ring_allreduce_matches_numpy_with_identical_bits_on_every_node_and_run(n: int) -> None:
-    engines = make_engines(n, ring_piece_bytes=1024, **RING)  # 256-element pieces: several per segment
+    # 256-element pieces of 64-element blocks: several pieces per segment, several blocks per piece
+    engines = make_engines(n, block_bytes=256, ring_piece_bytes=1024, **RING)
     try:
         assert all(e.algorithm == "ring" for e in engines)
         seq = 0
@@ -110,10 +123,10 @@ def test_ring_allreduce_matches_numpy_with_identical_bits_on_every_node_and_run(
 
 def test_a_large_ring_op_with_many_pieces_and_the_default_block() -> None:
     n, count = 4, (6 << 20) // 4 + 3
-    for block in (64 << 10, 2 << 20):
-        engines = make_engines(n, ring_piece_bytes=block, **RING)
+    for piece in (512 << 10, 2 << 20):
+        engines = make_engines(n, ring_piece_bytes=piece, **RING)
         try:
-            arrs = inputs(n, count, np.dtype(np.float32), seed=block)
+            arrs = inputs(n, count, np.dtype(np.float32), seed=piece)
             ref = reference(arrs, "avg")
             _check(allreduce_all(engines, arrs, "avg"), arrs, ref, "avg", ring=True)
         finally:
@@ -125,7 +138,7 @@ def test_ring_op_reduces_local_inputs_and_writes_the_mirrors(own_work: bool) -> 
     """The worker's streamed call: the ranks' buffers are the inputs (the first one is ``work``,
     or ``work`` is a buffer of its own) and the others get the result as mirrors."""
     n, k, count = 3, 3, 20011
-    engines = make_engines(n, ring_piece_bytes=4096, **RING)
+    engines = make_engines(n, block_bytes=1024, ring_piece_bytes=4096, **RING)
     try:
         ranks = [inputs(k, count, np.dtype(np.float32), seed=10 * i + own_work) for i in range(n)]
         ref = reference([r for node in ranks for r in node], "sum")
@@ -143,7 +156,7 @@ def test_on_final_reports_every_range_once_already_final() -> None:
     """The worker's write-back (a broadcast's, an op through scratch): each final range once,
     holding its final bits when reported, together the whole buffer."""
     n, count = 3, 50021
-    engines = make_engines(n, ring_piece_bytes=16 << 10, **RING)
+    engines = make_engines(n, block_bytes=4096, ring_piece_bytes=16 << 10, **RING)
     try:
         arrs = inputs(n, count, np.dtype(np.int32), seed=5)
         ref = reference(arrs, "sum")
@@ -169,13 +182,13 @@ def test_on_final_reports_every_range_once_already_final() -> None:
 
 def test_ring_telemetry_counts_each_nodes_pieces_and_phases() -> None:
     n, count = 4, 30001
-    engines = make_engines(n, ring_piece_bytes=8192, **RING)
+    engines = make_engines(n, block_bytes=2048, ring_piece_bytes=8192, **RING)
     try:
         arrs = [np.ones(count, np.float32) for _ in range(n)]
         res = allreduce_all(engines, arrs, "sum")
         assert all(isinstance(r, OpStats) for r in res), res
         for i, st in enumerate(res):
-            plan = RingOp(i, n, arrs[i], [arrs[i]], [], 8192)
+            plan = _plan(i, n, arrs[i], 2048, 8192)
             sent = sum(b - a for a, b in map(plan.send_range, range(plan.total))) * 4
             got = sum(b - a for a, b in map(plan.recv_range, range(plan.total))) * 4
             assert st.peers[(i + 1) % n].bytes_sent == sent
