@@ -321,6 +321,37 @@ def test_an_abort_in_the_middle_of_a_ring_op_reaches_every_node_with_its_reason(
         close_all(engines)
 
 
+@pytest.mark.parametrize("who", [0, 2])
+def test_an_abort_inside_a_frame_ends_it_with_an_aborted_block_and_reaches_every_node(who: int) -> None:
+    """One frame per step of 64 blocks: the abort lands while the loops are inside a frame, so
+    the sender ends its frame early (an aborted block) and the next node reads the abort frame
+    behind it instead of waiting for the rest of the frame."""
+    from fireflyer.hfreduce import _blocks as B
+
+    n = 3
+    engines = make_engines(n, block_bytes=64 << 10, ring_piece_bytes=8 << 20, **RING)
+    try:
+        def inside_a_frame() -> None:
+            deadline = time.monotonic() + 10
+            reader = engines[who]._ring_bufs[1]  # white box: the ring reader's loop status
+            while time.monotonic() < deadline and not (reader.busy and reader.io[B.IO_DONE] >= 4):
+                time.sleep(0.0002)
+            engines[who].abort("operator asked")
+
+        aborter = threading.Thread(target=inside_a_frame, daemon=True)
+        aborter.start()
+        arrs = [np.ones((12 << 20) // 4, np.float32) for _ in range(n)]  # 4 MiB segments: one frame each
+        t0 = time.monotonic()
+        res = allreduce_all(engines, arrs, "sum", join_s=30)
+        aborter.join()
+        assert time.monotonic() - t0 < 10
+        for i, r in enumerate(res):
+            if i != who:
+                assert isinstance(r, CollectiveAborted) and r.origin == who and "operator asked" in r.reason, (i, r)
+    finally:
+        close_all(engines)
+
+
 def test_a_node_closed_in_the_middle_of_a_ring_op_is_named_by_the_others() -> None:
     n, victim = 4, 2
     engines = make_engines(n, ring_piece_bytes=16 << 10, **RING)
