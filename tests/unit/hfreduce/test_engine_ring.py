@@ -287,16 +287,27 @@ def test_a_node_that_never_calls_is_named_within_the_deadline(n: int, sleeper: i
         close_all(engines)
 
 
-def _when_ring_moves(engine: NodeEngine, then: object, pieces: int = 6) -> threading.Thread:
-    """Call ``then()`` once ``engine``'s current ring op has received a few pieces (white box)."""
+def _frames_in(engine: NodeEngine) -> bool:
+    """The current ring op has received a few frames (white box)."""
+    st = engine._op
+    return st is not None and st.ring is not None and st.ring.recv_done >= 6
+
+
+def _inside_a_frame(engine: NodeEngine) -> bool:
+    """The ring reader's loop is a few blocks into a frame (white box)."""
+    from fireflyer.hfreduce import _blocks as B
+
+    reader = engine._ring_bufs[1] if engine._ring_bufs else None
+    return reader is not None and reader.busy and reader.io[B.IO_DONE] >= 4
+
+
+def _when_ring_moves(engine: NodeEngine, then: object, ready: object = _frames_in) -> threading.Thread:
+    """Call ``then()`` once ``ready(engine)`` (at most 10 s from now)."""
 
     def body() -> None:
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            st = engine._op
-            if st is not None and st.ring is not None and st.ring.recv_done >= pieces:
-                break
-            time.sleep(0.0005)
+        while time.monotonic() < deadline and not ready(engine):  # type: ignore[operator]
+            time.sleep(0.0002)
         then()  # type: ignore[operator]
 
     th = threading.Thread(target=body, daemon=True)
@@ -304,43 +315,21 @@ def _when_ring_moves(engine: NodeEngine, then: object, pieces: int = 6) -> threa
     return th
 
 
-@pytest.mark.parametrize("n,who", [(3, 1), (5, 4)])
-def test_an_abort_in_the_middle_of_a_ring_op_reaches_every_node_with_its_reason(n: int, who: int) -> None:
-    engines = make_engines(n, ring_piece_bytes=16 << 10, **RING)
+_SMALL_FRAMES = {"ring_piece_bytes": 16 << 10}  # one block per frame: the abort falls between frames
+# one frame per step of 64 blocks: the abort lands inside a frame, whose sender ends it early with an
+# aborted block; the next node reads the abort frame behind it instead of waiting for the rest
+_LONG_FRAMES = {"block_bytes": 64 << 10, "ring_piece_bytes": 8 << 20}
+
+
+@pytest.mark.parametrize("n,who,kw,ready", [(3, 1, _SMALL_FRAMES, _frames_in), (5, 4, _SMALL_FRAMES, _frames_in),
+                                            (3, 0, _LONG_FRAMES, _inside_a_frame),
+                                            (3, 2, _LONG_FRAMES, _inside_a_frame)])
+def test_an_abort_in_the_middle_of_a_ring_op_reaches_every_node_with_its_reason(
+        n: int, who: int, kw: dict[str, int], ready: object) -> None:
+    engines = make_engines(n, **kw, **RING)
     try:
-        aborter = _when_ring_moves(engines[who], lambda: engines[who].abort("operator asked"))
+        aborter = _when_ring_moves(engines[who], lambda: engines[who].abort("operator asked"), ready)
         arrs = [np.ones((24 << 20) // 4, np.float32) for _ in range(n)]
-        t0 = time.monotonic()
-        res = allreduce_all(engines, arrs, "sum", join_s=30)
-        aborter.join()
-        assert time.monotonic() - t0 < 10
-        for i, r in enumerate(res):
-            if i != who:
-                assert isinstance(r, CollectiveAborted) and r.origin == who and "operator asked" in r.reason, (i, r)
-    finally:
-        close_all(engines)
-
-
-@pytest.mark.parametrize("who", [0, 2])
-def test_an_abort_inside_a_frame_ends_it_with_an_aborted_block_and_reaches_every_node(who: int) -> None:
-    """One frame per step of 64 blocks: the abort lands while the loops are inside a frame, so
-    the sender ends its frame early (an aborted block) and the next node reads the abort frame
-    behind it instead of waiting for the rest of the frame."""
-    from fireflyer.hfreduce import _blocks as B
-
-    n = 3
-    engines = make_engines(n, block_bytes=64 << 10, ring_piece_bytes=8 << 20, **RING)
-    try:
-        def inside_a_frame() -> None:
-            deadline = time.monotonic() + 10
-            reader = engines[who]._ring_bufs[1]  # white box: the ring reader's loop status
-            while time.monotonic() < deadline and not (reader.busy and reader.io[B.IO_DONE] >= 4):
-                time.sleep(0.0002)
-            engines[who].abort("operator asked")
-
-        aborter = threading.Thread(target=inside_a_frame, daemon=True)
-        aborter.start()
-        arrs = [np.ones((12 << 20) // 4, np.float32) for _ in range(n)]  # 4 MiB segments: one frame each
         t0 = time.monotonic()
         res = allreduce_all(engines, arrs, "sum", join_s=30)
         aborter.join()
