@@ -128,8 +128,8 @@ class RingOp:
     handle them: the sender sends them in that order, the reader receives them in it.
     """
 
-    __slots__ = ("node", "nodes", "steps", "segs", "per", "pieces", "total", "so", "own", "work_only",
-                 "recv_done", "sent", "sending")
+    __slots__ = ("node", "nodes", "steps", "segs", "per", "pieces", "total", "so", "work_only", "recv_done",
+                 "sent", "sending")
 
     def __init__(self, node: int, nodes: int, work: np.ndarray, inputs: Sequence[np.ndarray],
                  mirrors: Sequence[np.ndarray], redop: str, block_bytes: int, piece_bytes: int) -> None:
@@ -143,9 +143,8 @@ class RingOp:
         longest = max(b - a for a, b in self.segs)
         self.pieces = max(1, -(-longest // self.per))
         self.total = len(self.steps) * self.pieces
-        #: step 0 sends our own partial, made from the inputs block by block (just ``work``'s
-        #: bytes when it is the only input); later steps send ``work`` as it is
-        self.own = self.so.own
+        #: step 0 sends our own partial, made from the inputs (``so.own``) block by block (just
+        #: ``work``'s bytes when it is the only input); later steps send ``work`` as it is
         self.work_only = np.array([work.ctypes.data], dtype=np.int64)
         self.recv_done = 0  # frames the reader finished, in order
         self.sent = 0  # frames the sender finished, in order
@@ -213,7 +212,7 @@ class Ringing:
                     raise _Failed()
                 r.sending = buf.busy = True
             a, b = r.send_range(s)
-            own = r.own if s < r.pieces else r.work_only
+            own = so.own if s < r.pieces else r.work_only
             head = Request(rid=st.k, op=RING, meta={"q": s, "fp": st.wire_fp} if s == 0 else {"q": s})
             buf.reset()
             t0 = time.perf_counter()
