@@ -433,14 +433,22 @@ def test_engine_threads_carry_their_names_in_the_kernel() -> None:
     """top -H / perf / /proc show which engine thread is which (not 15 threads called python)."""
     import os
     import threading
+    import time
+
+    def names() -> dict[str, str]:
+        comms = {}
+        for th in threading.enumerate():
+            if th.name.startswith("hfr-") and th.native_id is not None and th.is_alive():
+                with open(f"/proc/{os.getpid()}/task/{th.native_id}/comm") as f:
+                    comms[th.name] = f.read().strip()
+        return comms
 
     engines = make_engines(3)
     try:
-        comms = {}
-        for th in threading.enumerate():
-            if th.name.startswith("hfr-") and th.native_id is not None:
-                with open(f"/proc/{os.getpid()}/task/{th.native_id}/comm") as f:
-                    comms[th.name] = f.read().strip()
+        # each thread names itself as it starts: one just started may not have yet
+        deadline = time.monotonic() + 10
+        while "python" in (comms := names()).values() and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert comms["hfr-up-0-t1"] == "up-0-t1" and comms["hfr-fill-2"] == "fill-2"
         assert sum(c.startswith("read-") for c in comms.values()) == 8, comms  # a reader per link end
         assert all(c == n.removeprefix("hfr-")[:15] for n, c in comms.items()), comms
