@@ -379,7 +379,7 @@ def test_a_tree_frame_on_a_ring_link_fails_the_engines_instead_of_being_misread(
 
     engines = make_engines(3, **RING)
     try:
-        nxt = engines[0]._ring_next  # white box: node 0's link to node 1, whose reader takes ring pieces only
+        nxt = engines[0]._ring_next  # white box: node 0's link to node 1, whose reader takes ring frames only
         assert nxt is not None
         nxt.send(Request(rid=0, op="hfr.down", meta={"c": 0}))
         arrs = [np.ones(20000, np.float32) for _ in range(3)]
