@@ -85,3 +85,24 @@ def close_all(engines: Sequence[NodeEngine | None]) -> None:
     for e in engines:
         if e is not None:
             e.close()
+
+
+def odd_one_out(what: str, n: int, bad: int, count: int) -> tuple[list[np.ndarray], list[Fingerprint]]:
+    """``n`` float32 buffers of ones and their fingerprints, node ``bad``'s differing in ``what``:
+    ``count`` (one element fewer), ``small`` (10 elements), ``dtype`` (int32), ``seq`` or ``op`` (max)."""
+    arrs = [np.ones(count, dtype=np.float32) for _ in range(n)]
+    fps = [Fingerprint("c", 7, "sum", "float32", count) for _ in range(n)]
+    if what in ("count", "small"):
+        c = count - 1 if what == "count" else 10
+        arrs[bad] = np.ones(c, dtype=np.float32)
+        fps[bad] = Fingerprint("c", 7, "sum", "float32", c)
+    elif what == "dtype":
+        arrs[bad] = np.ones(count, dtype=np.int32)
+        fps[bad] = Fingerprint("c", 7, "sum", "int32", count)
+    elif what == "seq":
+        fps[bad] = Fingerprint("c", 8, "sum", "float32", count)
+    elif what == "op":
+        fps[bad] = Fingerprint("c", 7, "max", "float32", count)
+    else:
+        raise ValueError(f"no such difference: {what!r}")
+    return arrs, fps

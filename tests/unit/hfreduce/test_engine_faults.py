@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from engine_util import allreduce_all, close_all, make_engines, run_all
+from engine_util import allreduce_all, close_all, make_engines, odd_one_out, run_all
 
 from fireflyer.core.errors import Unauthenticated
 from fireflyer.hfreduce.errors import (
@@ -27,18 +27,7 @@ def test_fingerprint_mismatch_fails_every_node(what: str, count: int, n: int) ->
     bad = n // 2
     engines = make_engines(n)
     try:
-        arrs: list[np.ndarray] = [np.ones(count, dtype=np.float32) for _ in range(n)]
-        fps = [Fingerprint("c", 7, "sum", "float32", count) for _ in range(n)]
-        if what == "count":
-            arrs[bad] = np.ones(count - 1, dtype=np.float32)
-            fps[bad] = Fingerprint("c", 7, "sum", "float32", count - 1)
-        elif what == "dtype":
-            arrs[bad] = np.ones(count, dtype=np.int32)
-            fps[bad] = Fingerprint("c", 7, "sum", "int32", count)
-        elif what == "seq":
-            fps[bad] = Fingerprint("c", 8, "sum", "float32", count)
-        else:
-            fps[bad] = Fingerprint("c", 7, "max", "float32", count)
+        arrs, fps = odd_one_out(what, n, bad, count)
         ops = [fp.op for fp in fps]
         t0 = time.monotonic()
         res = run_all([lambda i=i: engines[i].allreduce(arrs[i], ops[i], fps[i]) for i in range(n)], 20)

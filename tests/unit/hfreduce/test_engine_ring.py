@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from engine_util import allreduce_all, close_all, make_engines, run_all
+from engine_util import allreduce_all, close_all, make_engines, odd_one_out, run_all
 from test_engine import check, inputs, reference
 
 from fireflyer.core.errors import InvalidArgument, SettingsError, Unauthenticated
@@ -239,19 +239,7 @@ def test_a_mismatch_in_a_ring_op_fails_every_node_naming_the_odd_one(what: str) 
     n, bad, count = 4, 2, 20000
     engines = make_engines(n, **RING)
     try:
-        arrs = [np.ones(count, dtype=np.float32) for _ in range(n)]
-        fps = [Fingerprint("c", 7, "sum", "float32", count) for _ in range(n)]
-        if what in ("count", "small"):
-            c = count - 1 if what == "count" else 10  # "small": a tree op against ring ops
-            arrs[bad] = np.ones(c, dtype=np.float32)
-            fps[bad] = Fingerprint("c", 7, "sum", "float32", c)
-        elif what == "dtype":
-            arrs[bad] = np.ones(count, dtype=np.int32)
-            fps[bad] = Fingerprint("c", 7, "sum", "int32", count)
-        elif what == "seq":
-            fps[bad] = Fingerprint("c", 8, "sum", "float32", count)
-        else:
-            fps[bad] = Fingerprint("c", 7, "max", "float32", count)
+        arrs, fps = odd_one_out(what, n, bad, count)  # "small": a tree op against ring ops
         t0 = time.monotonic()
         res = run_all([lambda i=i: engines[i].allreduce(arrs[i], fps[i].op, fps[i]) for i in range(n)], 20)
         assert time.monotonic() - t0 < 5
@@ -315,6 +303,19 @@ def _when_ring_moves(engine: NodeEngine, then: object, ready: object = _frames_i
     return th
 
 
+def _large_op_while(engines: list[NodeEngine], then: object, watched: NodeEngine,
+                    ready: object = _frames_in) -> list[object]:
+    """A 24 MiB sum on every node, ``then()`` called once ``ready(watched)``; every node's outcome,
+    all of them within 10 s (no node waits out a deadline)."""
+    th = _when_ring_moves(watched, then, ready)
+    arrs = [np.ones((24 << 20) // 4, np.float32) for _ in engines]
+    t0 = time.monotonic()
+    res = allreduce_all(engines, arrs, "sum", join_s=30)
+    th.join()
+    assert time.monotonic() - t0 < 10
+    return res
+
+
 _SMALL_FRAMES = {"ring_piece_bytes": 16 << 10}  # one block per frame: the abort falls between frames
 # one frame per step of 64 blocks: the abort lands inside a frame, whose sender ends it early with an
 # aborted block; the next node reads the abort frame behind it instead of waiting for the rest
@@ -328,12 +329,7 @@ def test_an_abort_in_the_middle_of_a_ring_op_reaches_every_node_with_its_reason(
         n: int, who: int, kw: dict[str, int], ready: object) -> None:
     engines = make_engines(n, **kw, **RING)
     try:
-        aborter = _when_ring_moves(engines[who], lambda: engines[who].abort("operator asked"), ready)
-        arrs = [np.ones((24 << 20) // 4, np.float32) for _ in range(n)]
-        t0 = time.monotonic()
-        res = allreduce_all(engines, arrs, "sum", join_s=30)
-        aborter.join()
-        assert time.monotonic() - t0 < 10
+        res = _large_op_while(engines, lambda: engines[who].abort("operator asked"), engines[who], ready)
         for i, r in enumerate(res):
             if i != who:
                 assert isinstance(r, CollectiveAborted) and r.origin == who and "operator asked" in r.reason, (i, r)
@@ -345,12 +341,7 @@ def test_a_node_closed_in_the_middle_of_a_ring_op_is_named_by_the_others() -> No
     n, victim = 4, 2
     engines = make_engines(n, ring_piece_bytes=16 << 10, **RING)
     try:
-        closer = _when_ring_moves(engines[victim], engines[victim].close)
-        arrs = [np.ones((24 << 20) // 4, np.float32) for _ in range(n)]
-        t0 = time.monotonic()
-        res = allreduce_all(engines, arrs, "sum", join_s=30)
-        closer.join()
-        assert time.monotonic() - t0 < 10
+        res = _large_op_while(engines, engines[victim].close, engines[victim])
         for i, r in enumerate(res):
             if i == victim:
                 continue
