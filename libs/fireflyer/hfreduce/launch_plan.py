@@ -171,9 +171,10 @@ def loopback_algorithm(nodes: int, local_ranks: int) -> str | None:
     than the trees' ``4(n-1)`` (:mod:`._ring`).  Measured on the twenty-seventh VM (AMD Zen 4,
     2026-11-27; two launches each, alternating): with one rank per node the ring took 0.72x the
     trees' time on 4 nodes at 64 MiB (69-74 ms against 95-102) and 0.96x on 5, but with two
-    ranks per node on 3 nodes 1.1-1.2x, where the trees' block loops fuse the local reduce with
-    the children's blocks and the ring reduces the ranks in numpy passes of its own.  So: one rank
-    per node and at least three nodes (with two, both are a single exchange)."""
+    ranks per node on 3 nodes 1.1-1.2x, where the trees' block loops fused the local reduce with
+    the children's blocks and the ring then reduced the ranks in numpy passes of its own (since
+    ``587ed0a`` its frames go through the same block loops; two ranks per node not measured
+    again).  So: one rank per node and at least three nodes (with two, both are a single exchange)."""
     return "ring" if nodes >= 3 and local_ranks == 1 else None
 
 
