@@ -45,6 +45,13 @@ thread, to see blocks move and to say whom a stalled op waits for):
 - ``io[IO_GOT + i]``: bytes taken from input socket ``i`` (``pre`` included), so that
   after a failure the rest of a frame can be drained.
 
+**One loop behind another.**  ``sync`` (:func:`new_sync`: two int32 words) lets a loop on
+one thread wait, block by block, for a loop of the same process on another: the publisher
+counts each block it finishes (``after`` = :data:`PUBLISH`), the waiter (``after >= 0``)
+sends its block ``j`` only once the count reaches ``after + j + 1``, sleeping on a futex
+meanwhile (no spinning: the VMs have two cores for several nodes) and waking every few
+milliseconds to see ``abort``.  The ring's sender waits so on its reader (:mod:`._ring`).
+
 ``times`` (float64[4]) accumulates seconds spent reducing, receiving, sending and
 copying out.  A loop blocked in a socket call is woken when the engine shuts its
 sockets down.
@@ -75,7 +82,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BLOCK_BYTES", "MARKER_BYTES", "OK", "FAILED", "ABORTED", "PEER_ABORTED", "BAD_FRAME", "IO_LEN",
            "IO_WAIT_FD", "IO_WAIT_SEND", "IO_FAIL_FD", "IO_ERRNO", "IO_DONE", "IO_GOT", "T_REDUCE", "T_RECV",
-           "T_SEND", "T_COPY", "LAND", "new_io", "up_chunk", "down_chunk", "framed_bytes", "in_place_sub", "l1d_bytes",
+           "T_SEND", "T_COPY", "LAND", "NO_SYNC", "PUBLISH", "new_io", "new_sync", "up_chunk", "down_chunk", "framed_bytes", "in_place_sub", "l1d_bytes",
            "drain_frame"]
 
 #: bytes per block of a streamed chunk: the inputs of one block (a child's block, the output
@@ -95,6 +102,11 @@ IO_LEN = IO_GOT
 #: ``up_chunk``'s ``parent`` for a step whose blocks land in ``work`` (and the mirrors) and go
 #: nowhere: the receiving half of a ring's reduce-scatter step
 LAND = -2
+#: a loop's ``after`` (the last two arguments of :func:`up_chunk` / :func:`down_chunk`):
+#: ``after >= 0`` waits before its block ``j`` until ``sync`` counts ``after + j + 1`` blocks
+#: (the ring's sender, behind its reader); ``PUBLISH`` counts each of its blocks in ``sync``
+#: once done (the ring's reader); ``NO_SYNC`` neither
+NO_SYNC, PUBLISH = -1, -2
 #: bytes of the marker after every block: ``_MAGIC | block << 1 | aborted``
 MARKER_BYTES = 8
 _MAGIC = 0x4646424B << 32  # "FFBK"
@@ -139,6 +151,106 @@ def _monotonic_ns(typingctx):  # type: ignore[no-untyped-def]
         return builder.add(builder.mul(sec, ir.Constant(_I64, 1_000_000_000)), nsec)
 
     return types.int64(), codegen
+
+
+# ------------------------------------------------------------------ progress between two loops
+
+#: ``futex(2)``'s system call number where we know it (elsewhere a gated loop naps instead)
+_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine().lower(), -1)
+_FUTEX_WAIT_PRIVATE, _FUTEX_WAKE_PRIVATE = 128, 129
+#: how long a gated loop sleeps at most before it looks at ``abort`` again
+_GATE_NAP_NS = 5_000_000
+
+
+@intrinsic
+def _load_i32(typingctx, addr):  # type: ignore[no-untyped-def]
+    """The int32 at ``addr``, a sequentially consistent atomic load."""
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        ptr = builder.inttoptr(args[0], _I32.as_pointer())
+        return builder.sext(builder.load_atomic(ptr, "seq_cst", 4), _I64)
+
+    return types.int64(types.int64), codegen
+
+
+@intrinsic
+def _store_i32(typingctx, addr, value):  # type: ignore[no-untyped-def]
+    """``value`` to the int32 at ``addr``, a sequentially consistent atomic store."""
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        ptr = builder.inttoptr(args[0], _I32.as_pointer())
+        builder.store_atomic(builder.trunc(args[1], _I32), ptr, "seq_cst", 4)
+        return context.get_dummy_value()
+
+    return types.none(types.int64, types.int64), codegen
+
+
+@intrinsic
+def _futex(typingctx, addr, op, val, nap_ns):  # type: ignore[no-untyped-def]
+    """``futex(addr, op, val, {nap_ns})`` through libc's ``syscall`` (a wait's timeout is relative)."""
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        addr_v, op_v, val_v, nap_v = args
+        ts = cgutils.alloca_once(builder, ir.ArrayType(_I64, 2))
+        builder.store(builder.sdiv(nap_v, ir.Constant(_I64, 1_000_000_000)),
+                      builder.gep(ts, [ir.Constant(_I32, 0), ir.Constant(_I32, 0)]))
+        builder.store(builder.srem(nap_v, ir.Constant(_I64, 1_000_000_000)),
+                      builder.gep(ts, [ir.Constant(_I32, 0), ir.Constant(_I32, 1)]))
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I64, [_I64], var_arg=True), "syscall")
+        return builder.call(fn, [ir.Constant(_I64, _SYS_FUTEX), addr_v, op_v, val_v,
+                                 builder.ptrtoint(ts, _I64), ir.Constant(_I64, 0), ir.Constant(_I64, 0)])
+
+    return types.int64(types.int64, types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
+def _usleep(typingctx, us):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [_I32]), "usleep")
+        builder.call(fn, [builder.trunc(args[0], _I32)])
+        return context.get_dummy_value()
+
+    return types.none(types.int64), codegen
+
+
+def new_sync() -> np.ndarray:
+    """Room for one loop's progress that another loop of the same process waits on (``sync``
+    of :func:`up_chunk` / :func:`down_chunk`): blocks done, and whether a loop sleeps on it."""
+    return np.zeros(2, dtype=np.int32)
+
+
+@njit(nogil=True, cache=True)
+def _publish(sync):  # type: ignore[no-untyped-def]
+    """One more block done in ``sync``; wakes the loop that waits for it, if one sleeps."""
+    addr = sync.ctypes.data
+    _store_i32(addr, _load_i32(addr) + 1)
+    if _load_i32(addr + 4) != 0 and _SYS_FUTEX >= 0:
+        _futex(addr, _FUTEX_WAKE_PRIVATE, 1, 0)
+
+
+@njit(nogil=True, cache=True)
+def _gate(sync, need, abort):  # type: ignore[no-untyped-def]
+    """Wait until ``sync`` counts ``need`` blocks (False: our engine failed meanwhile).
+
+    The waiter says it sleeps, then looks at the count again before it sleeps on it (both
+    sequentially consistent, so a publisher either sees the flag or the waiter sees the new
+    count), and the futex sleeps only while the count is still the one it saw: no wakeup is
+    lost.  The nap bounds how long an abort goes unseen."""
+    addr = sync.ctypes.data
+    if _load_i32(addr) >= need:
+        return True
+    ok = True
+    while True:
+        if abort[0] != 0:
+            ok = False
+            break
+        _store_i32(addr + 4, 1)
+        seen = _load_i32(addr)
+        if seen >= need:
+            break
+        if _SYS_FUTEX >= 0:
+            _futex(addr, _FUTEX_WAIT_PRIVATE, seen, _GATE_NAP_NS)
+        else:
+            _usleep(50)
+    _store_i32(addr + 4, 0)
+    return ok
 
 
 # ------------------------------------------------------------------ framed blocks
@@ -472,7 +584,7 @@ def _new_state(inputs, io):  # type: ignore[no-untyped-def]
 
 @njit(nogil=True, cache=True)
 def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent, mirrors, divisor,
-             a, b, blk, io, abort, times, sub):  # type: ignore[no-untyped-def]
+             a, b, blk, io, abort, times, sub, sync, after):  # type: ignore[no-untyped-def]
     """Elements [a, b) of one tree's up step, block by block (see the module docs).
 
     ``own``: base addresses of the local inputs (element ``i`` of input ``r`` at
@@ -485,7 +597,8 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
     child and copied into every ``mirrors`` address.  ``parent == LAND``: as at the
     root, but sent nowhere (a ring's reduce-scatter step, :mod:`._ring`).  ``sub``: elements per sub-block of
     a root's in-place step (the engine passes :func:`in_place_sub`; 0: :data:`_SUB`).
-    Returns OK, FAILED, ABORTED, PEER_ABORTED or BAD_FRAME; on all but OK every outgoing
+    ``sync``, ``after``: another loop's progress to wait for, or this one's to publish
+    (:data:`PUBLISH`; see :data:`NO_SYNC`).  Returns OK, FAILED, ABORTED, PEER_ABORTED or BAD_FRAME; on all but OK every outgoing
     frame is ended first.
     """
     k = own.shape[0]
@@ -520,7 +633,7 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
         hi = min(b, lo + blk)
         n = hi - lo
         nb = n * isz
-        if abort[0] != 0:
+        if abort[0] != 0 or (after >= 0 and not _gate(sync, after + block + 1, abort)):
             return _end_outputs(ABORTED, outs, sent, spare, work, isz, a, b, blk, st)
         t0 = _monotonic_ns()
         for i in range(m):
@@ -558,15 +671,19 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
             return _end_outputs(FAILED, outs, sent, spare, work, isz, a, b, blk, st)
         block += 1
         io[IO_DONE] = block
+        if after == PUBLISH:
+            _publish(sync)
     return OK
 
 
 @njit(nogil=True, cache=True)
-def down_chunk(fd, pre, work, scratch, fds, mirrors, isz, a, b, blk, io, abort, times):  # type: ignore[no-untyped-def]
+def down_chunk(fd, pre, work, scratch, fds, mirrors, isz, a, b, blk, io, abort, times, sync,
+               after):  # type: ignore[no-untyped-def]
     """Elements [a, b) of a final chunk from the parent (``fd``, frame starting with ``pre``),
     block by block: into ``work``, on to every child in ``fds``, into every ``mirrors``
     address (with mirrors, each block lands in ``scratch``, one block of room, and goes to
-    work and the mirrors with non-temporal stores).  Returns OK, FAILED, ABORTED,
+    work and the mirrors with non-temporal stores).  ``sync``, ``after``: as for
+    :func:`up_chunk`.  Returns OK, FAILED, ABORTED,
     PEER_ABORTED or BAD_FRAME; on all but OK the frames to the children are ended first."""
     st = _new_state(1, io)
     dsts = np.empty(mirrors.shape[0] + 1, np.int64)
@@ -577,7 +694,7 @@ def down_chunk(fd, pre, work, scratch, fds, mirrors, isz, a, b, blk, io, abort, 
         hi = min(b, lo + blk)
         nb = (hi - lo) * isz
         dst = scratch if stage else work + lo * isz
-        if abort[0] != 0:
+        if abort[0] != 0 or (after >= 0 and not _gate(sync, after + block + 1, abort)):
             return _end_outputs(ABORTED, fds, sent, 0, work, isz, a, b, blk, st)
         t0 = _monotonic_ns()
         if not _recv_block(fd, dst, nb, pre, 0, st):
@@ -590,6 +707,8 @@ def down_chunk(fd, pre, work, scratch, fds, mirrors, isz, a, b, blk, io, abort, 
             return _end_outputs(FAILED, fds, sent, 0, work, isz, a, b, blk, st)
         block += 1
         io[IO_DONE] = block
+        if after == PUBLISH:
+            _publish(sync)
     return OK
 
 
@@ -600,9 +719,10 @@ def warm_up() -> None:
     background at start-up; ``make setup`` runs it once to fill the cache."""
     io, abort, times = new_io(1), np.zeros(1, np.int64), np.zeros(4)
     none = np.zeros(0, np.int64)
+    sync = new_sync()
     up_chunk(F32, 0, 4, np.zeros(1, np.int64), none, np.zeros((1, 0), np.uint8), np.zeros(1, np.int64), none,
-             0, 0, -1, none, 1, 0, 0, 1, io, abort, times, in_place_sub(1))
-    down_chunk(-1, np.zeros(0, np.uint8), 0, 0, none, none, 4, 0, 0, 1, io, abort, times)
+             0, 0, -1, none, 1, 0, 0, 1, io, abort, times, in_place_sub(1), sync, NO_SYNC)
+    down_chunk(-1, np.zeros(0, np.uint8), 0, 0, none, none, 4, 0, 0, 1, io, abort, times, sync, NO_SYNC)
 
 
 if __name__ == "__main__":  # python -m fireflyer.hfreduce._blocks: fill the compile cache

@@ -61,6 +61,8 @@ __all__ = ["Parked", "StreamOp", "Streaming", "STREAM_DTYPES"]
 #: work dtypes a streamed op carries (the block loops' kernels take them as they are)
 STREAM_DTYPES = frozenset(np.dtype(d) for d in (np.float32, np.int32, np.int64))
 _EMPTY = np.zeros(0, dtype=np.int64)
+#: the trees' loops neither wait for nor publish progress (``sync`` is unused with ``NO_SYNC``)
+_UNSYNCED = B.new_sync()
 
 
 class Parked:
@@ -303,7 +305,7 @@ class Streaming:
                 so.fmt, so.opcode, st.isz, so.own, self._child_fds[t], pre, pre_len, buf.slot_addrs,
                 buf.scratch.ctypes.data, st.work.ctypes.data, parent.fs.sock.fileno() if parent is not None else -1,
                 so.mirrors if parent is None else _EMPTY, st.avg_divisor if parent is None else 1,
-                a, b, so.blk, buf.io, self._abort, buf.times, B.in_place_sub(len(so.own) + m)))
+                a, b, so.blk, buf.io, self._abort, buf.times, B.in_place_sub(len(so.own) + m), _UNSYNCED, B.NO_SYNC))
             dt = time.perf_counter() - t0
         finally:
             ended = int(buf.io[B.IO_FAIL_FD]) if rc in (B.PEER_ABORTED, B.BAD_FRAME) else -1
@@ -362,7 +364,7 @@ class Streaming:
         try:
             rc = self._locked_loop(heads, plen, lambda: B.down_chunk(
                 lk.fs.sock.fileno(), pre, st.work.ctypes.data, buf.scratch.ctypes.data, self._child_fds[t],
-                so.mirrors, st.isz, a, b, so.blk, buf.io, self._abort, buf.times))
+                so.mirrors, st.isz, a, b, so.blk, buf.io, self._abort, buf.times, _UNSYNCED, B.NO_SYNC))
         except _Failed:
             pass  # a child link failed before the loop ran: the frame is still ours to drain
         finally:

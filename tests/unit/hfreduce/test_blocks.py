@@ -14,6 +14,7 @@ from fireflyer.hfreduce import _blocks as B
 from fireflyer.hfreduce.kernels import _FORMATS, _OP_CODE
 
 MAGIC = 0x4646424B << 32
+_NO_SYNC = (B.new_sync(), B.NO_SYNC)  # the last two arguments of a loop that neither waits nor publishes
 
 
 def marker(block: int, aborted: bool = False) -> bytes:
@@ -117,7 +118,7 @@ def _run_up(dt: np.dtype, op: str, own: list[np.ndarray], kids: list[bytes], a: 
     rc = B.up_chunk(_FORMATS[dt], _OP_CODE[op], dt.itemsize, _addrs(own),
                     np.array([s.fileno() for s, _ in links], dtype=np.int64), pre, pre_len, _addrs(slots),
                     scratch.ctypes.data, 0 if work is None else work.ctypes.data, -1 if root else up[0].fileno(),
-                    _addrs(list(mirrors)), divisor, a, b, blk, io, np.array([abort], dtype=np.int64), times, sub)
+                    _addrs(list(mirrors)), divisor, a, b, blk, io, np.array([abort], dtype=np.int64), times, sub, *_NO_SYNC)
     if rc != B.OK:  # nothing more is coming: let the receivers finish with what they have
         for s in [up[0], *(s for s, _ in links)]:
             s.shutdown(socket.SHUT_WR)
@@ -221,7 +222,7 @@ def test_down_chunk_lands_in_work_forwards_to_the_children_and_fills_the_mirrors
     scratch = np.empty(blk * 4, np.uint8)
     rc = B.down_chunk(up[0].fileno(), pre, work.ctypes.data, scratch.ctypes.data,
                       np.array([s.fileno() for s, _ in links], np.int64), _addrs(mirrors), 4, a, b, blk, io,
-                      np.zeros(1, np.int64), times)
+                      np.zeros(1, np.int64), times, *_NO_SYNC)
     for th in [tx, *rxs]:
         th.join(10)
     assert rc == B.OK
@@ -240,7 +241,7 @@ def test_a_peer_that_closes_mid_frame_fails_the_loop_naming_its_socket_and_what_
     io = B.new_io(1)
     work = np.zeros(1000, np.float32)  # (referenced: the loop only gets its address)
     rc = B.down_chunk(up[0].fileno(), np.zeros(0, np.uint8), work.ctypes.data, 0, np.zeros(0, np.int64),
-                      np.zeros(0, np.int64), 4, 0, 1000, 256, io, np.zeros(1, np.int64), np.zeros(4))
+                      np.zeros(0, np.int64), 4, 0, 1000, 256, io, np.zeros(1, np.int64), np.zeros(4), *_NO_SYNC)
     assert rc == B.FAILED
     assert io[B.IO_FAIL_FD] == up[0].fileno() and io[B.IO_ERRNO] == 0  # 0: the peer closed
     assert io[B.IO_GOT] == 1500 and io[B.IO_DONE] == 1
@@ -276,7 +277,7 @@ def test_a_wrong_marker_is_a_framing_error() -> None:
     io = B.new_io(1)
     work = np.zeros(512, np.float32)
     rc = B.down_chunk(up[0].fileno(), np.zeros(0, np.uint8), work.ctypes.data, 0, np.zeros(0, np.int64),
-                      np.zeros(0, np.int64), 4, 0, 512, 256, io, np.zeros(1, np.int64), np.zeros(4))
+                      np.zeros(0, np.int64), 4, 0, 512, 256, io, np.zeros(1, np.int64), np.zeros(4), *_NO_SYNC)
     assert rc == B.BAD_FRAME and io[B.IO_FAIL_FD] == up[0].fileno() and io[B.IO_DONE] == 1
 
 
@@ -285,7 +286,7 @@ def test_the_abort_flag_stops_a_loop_before_its_first_block() -> None:
     io = B.new_io(1)
     work = np.zeros(100, np.float32)
     rc = B.down_chunk(up[0].fileno(), np.zeros(0, np.uint8), work.ctypes.data, 0, np.zeros(0, np.int64),
-                      np.zeros(0, np.int64), 4, 0, 100, 10, io, np.ones(1, np.int64), np.zeros(4))
+                      np.zeros(0, np.int64), 4, 0, 100, 10, io, np.ones(1, np.int64), np.zeros(4), *_NO_SYNC)
     assert rc == B.ABORTED
     assert io[B.IO_GOT] == 0 and io[B.IO_DONE] == 0
 
@@ -365,7 +366,7 @@ def test_a_child_lost_mid_frame_fails_the_root_which_ends_every_frame_going_down
     slots = [np.empty(1024, np.uint8) for _ in range(2)]
     rc = B.up_chunk(_FORMATS[dt], 0, 4, _addrs([work]), np.array([s.fileno() for s, _ in links], np.int64),
                     np.zeros((2, 1), np.uint8), np.zeros(2, np.int64), _addrs(slots), 0, work.ctypes.data, -1,
-                    np.zeros(0, np.int64), 1, 0, 2000, 256, io, np.zeros(1, np.int64), np.zeros(4), 256)
+                    np.zeros(0, np.int64), 1, 0, 2000, 256, io, np.zeros(1, np.int64), np.zeros(4), 256, *_NO_SYNC)
     for s, _ in links:
         s.shutdown(socket.SHUT_WR)
     for th in rxs:
@@ -411,3 +412,76 @@ def test_l1d_bytes_reads_the_level_1_data_cache_from_sysfs(tmp_path: Path) -> No
     (tmp_path / "index0" / "size").write_text("garbage\n")
     assert B.l1d_bytes(str(tmp_path)) == 32 << 10  # unreadable: the smallest L1d measured
     assert B.l1d_bytes(str(tmp_path / "missing")) == 32 << 10
+
+
+# ------------------------------------------------------------------ one loop behind another (the ring)
+
+def _gated_sender(work: np.ndarray, out: socket.socket, blk: int, sync: np.ndarray, after: int,
+                  abort: np.ndarray, io: np.ndarray) -> tuple[threading.Thread, list[int]]:
+    """An up loop that sends ``work`` as it is (one input, no children) to ``out``, each block
+    gated on ``sync``, on a thread; the list gets its return code."""
+    rc: list[int] = []
+    scratch = np.empty(blk * 4, np.uint8)
+
+    def body() -> None:
+        rc.append(B.up_chunk(_FORMATS[work.dtype], 0, 4, _addrs([work]), np.zeros(0, np.int64),
+                             np.zeros((1, 0), np.uint8), np.zeros(1, np.int64), np.zeros(0, np.int64),
+                             scratch.ctypes.data, work.ctypes.data, out.fileno(), np.zeros(0, np.int64), 1,
+                             0, work.size, blk, io, abort, np.zeros(4), 256, sync, after))
+
+    th = threading.Thread(target=body, daemon=True)
+    th.start()
+    return th, rc
+
+
+def test_a_gated_loop_sends_each_block_only_once_the_publishing_loop_has_landed_it() -> None:
+    """The ring's sender forwards blocks of ``work`` as its reader lands them: a block sent
+    early would carry the sentinel, not the data."""
+    blk, count = 256, 256 * 6 + 100
+    data = np.arange(count, dtype=np.float32)
+    wire = framed(data.tobytes(), blk * 4)
+    work = np.full(count, -1.0, np.float32)
+    sync = B.new_sync()
+    up, down = socket.socketpair(), socket.socketpair()
+    got: list[bytes] = []
+    rx = _receiver(down[1], len(wire), got)
+    tx, rc = _gated_sender(work, down[0], blk, sync, 0, np.zeros(1, np.int64), B.new_io(0))
+
+    def feed() -> None:  # block by block, slowly: the sender must keep waiting
+        for off in range(0, len(wire), blk * 4 + 8):
+            up[1].sendall(wire[off:off + blk * 4 + 8])
+            threading.Event().wait(0.02)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    io = B.new_io(1)
+    assert B.down_chunk(up[0].fileno(), np.zeros(0, np.uint8), work.ctypes.data, 0, np.zeros(0, np.int64),
+                        np.zeros(0, np.int64), 4, 0, count, blk, io, np.zeros(1, np.int64), np.zeros(4), sync,
+                        B.PUBLISH) == B.OK
+    for th in (feeder, tx, rx):
+        th.join(10)
+    assert rc == [B.OK] and int(sync[0]) == 7 and int(sync[1]) == 0  # seven blocks, nobody asleep
+    assert got[0] == wire
+
+
+def test_a_gated_loop_waits_for_its_offset_and_an_abort_ends_its_frame() -> None:
+    """``after`` counts blocks published before this frame's: with 5 published and ``after`` 3,
+    blocks 0 and 1 go at once and block 2 waits -- until the engine fails, when the frame
+    ends with an aborted block 2 (within the gate's nap)."""
+    blk = 256
+    work = np.ones(blk * 4, np.float32)
+    sync = B.new_sync()
+    sync[0] = 5
+    out = socket.socketpair()
+    abort, io = np.zeros(1, np.int64), B.new_io(0)
+    tx, rc = _gated_sender(work, out[0], blk, sync, 3, abort, io)
+    tx.join(0.3)
+    assert tx.is_alive() and io[B.IO_DONE] == 2 and int(sync[1]) == 1  # asleep on the count
+    abort[0] = 1
+    tx.join(2)
+    assert rc == [B.ABORTED] and io[B.IO_DONE] == 2
+    out[0].shutdown(socket.SHUT_WR)
+    got: list[bytes] = []
+    _receiver(out[1], 3 * (blk * 4 + 8), got).join(5)
+    block = work[:blk].tobytes()
+    assert got[0] == block + marker(0) + block + marker(1) + got[0][-(blk * 4 + 8):-8] + marker(2, True)
