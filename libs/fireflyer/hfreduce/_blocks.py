@@ -82,8 +82,8 @@ if TYPE_CHECKING:
 
 __all__ = ["BLOCK_BYTES", "MARKER_BYTES", "OK", "FAILED", "ABORTED", "PEER_ABORTED", "BAD_FRAME", "IO_LEN",
            "IO_WAIT_FD", "IO_WAIT_SEND", "IO_FAIL_FD", "IO_ERRNO", "IO_DONE", "IO_GOT", "T_REDUCE", "T_RECV",
-           "T_SEND", "T_COPY", "LAND", "NO_SYNC", "PUBLISH", "new_io", "new_sync", "up_chunk", "down_chunk", "framed_bytes", "in_place_sub", "l1d_bytes",
-           "drain_frame"]
+           "T_SEND", "T_COPY", "LAND", "NO_SYNC", "PUBLISH", "new_io", "new_sync", "up_chunk", "down_chunk",
+           "framed_bytes", "in_place_sub", "l1d_bytes", "drain_frame"]
 
 #: bytes per block of a streamed chunk: the inputs of one block (a child's block, the output
 #: block) stay in the core's L2 (1-2 MiB on the VMs measured) while the local ranks' buffers
@@ -202,6 +202,7 @@ def _futex(typingctx, addr, op, val, nap_ns):  # type: ignore[no-untyped-def]
 
 @intrinsic
 def _usleep(typingctx, us):  # type: ignore[no-untyped-def]
+    """libc's ``usleep(us)``: the gate's nap where the futex is not known."""
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [_I32]), "usleep")
         builder.call(fn, [builder.trunc(args[0], _I32)])
