@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -475,8 +476,11 @@ def test_a_gated_loop_waits_for_its_offset_and_an_abort_ends_its_frame() -> None
     out = socket.socketpair()
     abort, io = np.zeros(1, np.int64), B.new_io(0)
     tx, rc = _gated_sender(work, out[0], blk, sync, 3, abort, io)
-    tx.join(0.3)
-    assert tx.is_alive() and io[B.IO_DONE] == 2 and int(sync[1]) == 1  # asleep on the count
+    until = time.monotonic() + 10
+    while not (io[B.IO_DONE] == 2 and int(sync[1]) == 1) and time.monotonic() < until:
+        time.sleep(0.01)
+    tx.join(0.2)
+    assert tx.is_alive() and io[B.IO_DONE] == 2 and int(sync[1]) == 1  # asleep on the count, still
     abort[0] = 1
     tx.join(2)
     assert rc == [B.ABORTED] and io[B.IO_DONE] == 2
