@@ -161,6 +161,11 @@ class Express:
     def start(self, op: XOp) -> None:
         """Send our partial, then finish the op here if the peer's is in already (the caller's
         thread: a rank's reader or the op thread).  Raises the engine's failure."""
+        with self._lock:  # the peer's frame came first and is another op: fail here, send nothing
+            got = self._parked.get(op.seq)
+            if got is not None and got[0] != op.fpw:
+                del self._parked[op.seq]
+                self._fail(self.engine.peer_mismatch(self.peer, str(op.fingerprint()), got[0]))
         t = _perf()
         try:
             self.link.send(Request(rid=op.seq, op=XOP, meta={"fp": op.fpw}), memoryview(op.ours.view(np.uint8)))

@@ -94,6 +94,8 @@ def test_a_fingerprint_that_differs_fails_both_engines_with_a_mismatch(pair) -> 
     assert "5 el" in str(ei.value) and "4 el" in str(ei.value)
     _wait(lambda: e1.failed is not None, "the peer hears of it")
     assert isinstance(e0.failed, FingerprintMismatch) and not done
+    # node 0 found it before sending its partial: node 1 hears it from node 0's abort, not from a frame
+    assert isinstance(e1.failed, CollectiveAborted) and "5 el" in str(e1.failed), repr(e1.failed)
 
 
 def test_a_fingerprint_that_differs_found_by_the_readers_fails_both(pair) -> None:  # type: ignore[no-untyped-def]
