@@ -394,7 +394,7 @@ def run_bench(*, nodes: int, local_ranks: int, sizes: list[int], dtype: str = "f
         "socket_buffers": {"links_buf_bytes": bufs[0][0], "links_send_buf_bytes": bufs[0][1],
                            "anchors": "best of the links' buffers and the kernel's auto-tuning"},
         "block_bytes": ws.block_bytes,  # a streamed op's block, as the launcher gave the workers
-        # how the large ops crossed the nodes: "ring" (the launcher's for one rank per node on 3+ nodes;
+        # how the large ops crossed the nodes: "ring" (the launcher's on 3+ nodes;
         # the engine takes it for streamed dtypes only, so fp32 here) or "tree"
         "algorithm": ws.algorithm if nodes >= 3 and dtype == "fp32" else "tree",
         "git_sha": _git_sha(), "cpu_count": os.cpu_count(), "torch_version": _torch_version(),

@@ -163,7 +163,7 @@ def loopback_block(local_ranks: int, l2_bytes: int | None) -> str | None:
     return None
 
 
-def loopback_algorithm(nodes: int, local_ranks: int) -> str | None:
+def loopback_algorithm(nodes: int) -> str | None:
     """The algorithm the launcher gives its workers (``FF_HFREDUCE_ALGORITHM``), or None for the
     worker's default (the double binary tree).
 
@@ -171,11 +171,14 @@ def loopback_algorithm(nodes: int, local_ranks: int) -> str | None:
     than the trees' ``4(n-1)`` (:mod:`._ring`).  Measured on the twenty-seventh VM (AMD Zen 4,
     2026-11-27; two launches each, alternating): with one rank per node the ring took 0.72x the
     trees' time on 4 nodes at 64 MiB (69-74 ms against 95-102) and 0.96x on 5, but with two
-    ranks per node on 3 nodes 1.1-1.2x, where the trees' block loops fused the local reduce with
-    the children's blocks and the ring then reduced the ranks in numpy passes of its own (since
-    ``587ed0a`` its frames go through the same block loops; two ranks per node not measured
-    again).  So: one rank per node and at least three nodes (with two, both are a single exchange)."""
-    return "ring" if nodes >= 3 and local_ranks == 1 else None
+    ranks per node on 3 nodes 1.1-1.2x, when the ring reduced the ranks in numpy passes of its
+    own.  Since its frames go through the trees' block loops (``587ed0a``) and its steps overlap
+    block by block (``fecdf29``), on the twenty-ninth VM (the same model; ``ff bench allreduce
+    --sizes 64M``, tree and ring alternating, mean op of about a second of ops): 3 x 2 ring
+    58.9/61.3/57.6 ms against 75.4/61.0/59.8, 4 x 2 94.8/80.0/84.1 against 126.1/111.8/100.0,
+    3 x 4 84.4/87.8 against 86.8/95.6, 4 x 4 131.6/120.9 against 140.9/138.5.  So: the ring on
+    three or more nodes, whatever the ranks per node (with two, both are a single exchange)."""
+    return "ring" if nodes >= 3 else None
 
 
 def worker_env(base_env: Mapping[str, str], local_ranks: int = 1, l2_bytes: int | None = None,
@@ -191,7 +194,7 @@ def worker_env(base_env: Mapping[str, str], local_ranks: int = 1, l2_bytes: int 
     block = loopback_block(local_ranks, cache_bytes(2) if l2_bytes is None else l2_bytes)
     if block is not None:
         env.setdefault("FF_HFREDUCE_BLOCK_SIZE", block)
-    algorithm = loopback_algorithm(nodes, local_ranks)
+    algorithm = loopback_algorithm(nodes)
     if algorithm is not None:
         env.setdefault("FF_HFREDUCE_ALGORITHM", algorithm)
     return env

@@ -142,12 +142,13 @@ def test_the_express_poll_defaults_to_the_engine_s_and_is_bounded() -> None:
             load_worker_settings(env={"FF_HFREDUCE_EXPRESS_POLL_US": bad})
 
 
-def test_the_launcher_runs_one_rank_per_node_on_three_or_more_nodes_around_a_ring() -> None:
+def test_the_launcher_runs_three_or_more_nodes_around_a_ring() -> None:
     from fireflyer.hfreduce.launch_plan import loopback_algorithm, worker_env
 
-    assert loopback_algorithm(4, 1) == "ring" and loopback_algorithm(3, 1) == "ring"
-    assert loopback_algorithm(2, 1) is None and loopback_algorithm(4, 2) is None
+    assert loopback_algorithm(4) == "ring" and loopback_algorithm(3) == "ring" and loopback_algorithm(64) == "ring"
+    assert loopback_algorithm(2) is None and loopback_algorithm(1) is None
     assert worker_env({}, nodes=4)["FF_HFREDUCE_ALGORITHM"] == "ring"
-    assert "FF_HFREDUCE_ALGORITHM" not in worker_env({}, nodes=4, local_ranks=2)
+    assert worker_env({}, nodes=4, local_ranks=2)["FF_HFREDUCE_ALGORITHM"] == "ring"
+    assert "FF_HFREDUCE_ALGORITHM" not in worker_env({}, nodes=2, local_ranks=4)
     assert worker_env({"FF_HFREDUCE_ALGORITHM": "tree"}, nodes=4)["FF_HFREDUCE_ALGORITHM"] == "tree"  # asked for
     assert load_worker_settings(env=worker_env({}, nodes=5)).algorithm == "ring"
