@@ -51,8 +51,9 @@ the word (a futex) in between.  So every step overlaps the previous one by all b
 as in a ring pipelined in blocks, with no Python and no thread hand-off per block.  On the
 twenty-ninth VM (2026-11-27, 4 nodes x 1 rank, 64 MiB, launches alternating with the frame-gated
 ring before it): through the workers 80.0 against 84.4 ms and 87.2 against 98.2 ms per op (medians
-of four and six rounds; faster in 6 of the 10), engines alone faster in 3 rounds of 4 and with
-less CPU per op and node in 3 of 4 (32.9-44.0 ms against 34.6-41.5); a bare ring took 62-69 ms.
+of four and six rounds; faster in 6 of the 10); engines alone slower in one set of three rounds
+(72-74 ms against 67-72) and faster in 3 rounds of 4 in another, with less CPU per op and node in
+3 of those 4; a bare ring took 62-69 ms.  A small gain at best, within the VM's noise.
 
 Why so few, so long frames (twenty-eighth VM, 2026-11-27, 4 nodes x 1 rank, 64 MiB; the numbers
 in :data:`RING_PIECE_BYTES`): a node's two threads share one GIL, and whatever Python one runs
