@@ -75,7 +75,7 @@ from fireflyer.core.errors import ProtocolError
 from ._lowp import F32, I32
 from .caches import SYS_CACHE, cache_bytes
 from .copies import _fan_out, _plain
-from .kernels import MAX_INPUTS, _reduce_int, _reduce_typed, _reduce_typed_acc, _voidptr
+from .kernels import _SUM, MAX_INPUTS, _reduce_int, _reduce_typed, _reduce_typed_acc, _voidptr
 
 if TYPE_CHECKING:
     from fireflyer.wire.conn import FramedSocket
@@ -427,9 +427,27 @@ def drain_frame(fs: FramedSocket, plen: int, got: int, block_bytes: int) -> bool
 # ------------------------------------------------------------------ block steps
 
 @njit(nogil=True, cache=True)
+def _add_in_place(out_base, src_base, a, b):  # type: ignore[no-untyped-def]
+    """``out[i] += src[i]`` for float32 elements [a, b): one pass through one view of ``out``.
+
+    The general kernel sees the output as another view of its first input, so it goes through
+    its accumulator and copies back (LLVM's alias check would otherwise take the scalar loop):
+    on the twenty-ninth VM 16M elements took 6.8-7.0 ms that way against 3.8 ms here and 3.6 ms
+    for numpy's ``np.add(x, y, out=x)``, in 512K blocks on one thread.  The bits are the same:
+    ``ins[0] + ins[1]``, one IEEE addition per element, as the kernel's left-to-right order."""
+    m = b - a
+    x = carray(_voidptr(out_base + a * 4), m, np.float32)
+    y = carray(_voidptr(src_base + a * 4), m, np.float32)
+    for j in range(m):
+        x[j] = x[j] + y[j]
+
+
+@njit(nogil=True, cache=True)
 def _reduce(fmt, op, isz, out_base, ins, a, b):  # type: ignore[no-untyped-def]
     """Elements [a, b) of ``reduce(ins)`` (left to right) at ``out_base + i * isz``."""
-    if fmt == F32:
+    if fmt == F32 and op == _SUM and ins.shape[0] == 2 and ins[0] == out_base:
+        _add_in_place(out_base, ins[1], a, b)  # (a ring's reduce-scatter with one rank, a 2-node root)
+    elif fmt == F32:
         _reduce_typed(np.float32(0), out_base, fmt, ins, isz, a, b, op)
     else:
         _reduce_int(out_base, ins, fmt, a, b, op)

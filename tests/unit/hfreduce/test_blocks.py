@@ -489,3 +489,25 @@ def test_a_gated_loop_waits_for_its_offset_and_an_abort_ends_its_frame() -> None
     _receiver(out[1], 3 * (blk * 4 + 8), got).join(5)
     block = work[:blk].tobytes()
     assert got[0] == block + marker(0) + block + marker(1) + got[0][-(blk * 4 + 8):-8] + marker(2, True)
+
+
+def test_an_in_place_sum_of_two_matches_numpy_to_the_bit_specials_included() -> None:
+    """``_reduce`` with the output as its first input (a ring's reduce-scatter with one rank)
+    takes one in-place pass: the same bits as numpy's float32 add, NaN, Inf and subnormals too."""
+    from fireflyer.hfreduce._lowp import F32
+
+    rng = np.random.default_rng(7)
+    n = 10_007
+    x = rng.standard_normal(n).astype(np.float32)
+    y = rng.standard_normal(n).astype(np.float32)
+    specials = np.array([np.nan, np.inf, -np.inf, 1e-45, -1e-45, 3.4e38, -0.0, 0.0], np.float32)
+    x[:8], y[:8] = specials, specials[::-1]
+    x[8:16], y[8:16] = specials, specials
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x + y
+    for a, b in ((0, n), (3, 4097), (n - 1, n), (5, 5)):
+        got = x.copy()
+        B._reduce(F32, _OP_CODE["sum"], 4, got.ctypes.data, _addrs([got, y]), a, b)
+        exp = x.copy()
+        exp[a:b] = want[a:b]
+        assert got.view(np.uint32).tolist() == exp.view(np.uint32).tolist(), (a, b)
