@@ -101,15 +101,23 @@ def test_a_fingerprint_that_differs_fails_both_engines_with_a_mismatch(pair) -> 
 def test_a_fingerprint_that_differs_found_by_the_readers_fails_both(pair) -> None:  # type: ignore[no-untyped-def]
     e0, e1 = pair
     op0, op1 = _op(3, np.ones(4, np.float32), []), _op(3, np.ones(4, np.float32), [], redop="max")
-    for e, op in ((e0, op0), (e1, op1)):
-        # (found by a reader when the peer's frame comes during our op; by start when it came first)
-        with contextlib.suppress(FingerprintMismatch):
+    raised: dict[int, HFReduceError] = {}
+    for i, (e, op) in enumerate(((e0, op0), (e1, op1))):
+        try:
             e.express.start(op)
+        except FingerprintMismatch as x:  # found at start: the peer's partial came first
+            raised[i] = x
     _wait(lambda: e0.failed is not None and e1.failed is not None, "both engines fail")
-    for e in (e0, e1):
-        with pytest.raises(FingerprintMismatch) as ei:
-            e.express.wait(3, 5.0)
-        assert "sum" in str(ei.value) and "max" in str(ei.value), str(ei.value)
+    for i, e in enumerate((e0, e1)):
+        if i not in raised:
+            with pytest.raises((FingerprintMismatch, CollectiveAborted)) as ei:
+                e.express.wait(3, 5.0)
+            raised[i] = ei.value
+        assert "sum" in str(raised[i]) and "max" in str(raised[i]), str(raised[i])
+    # both readers find it when both partials left; when node 0's partial reached node 1 before node 1
+    # started, node 1 finds it at start without sending its own, and node 0 hears it from node 1's abort
+    # (the CI run of 2026-11-27 on the thirtieth VM took that path): either way both fingerprints
+    assert any(isinstance(x, FingerprintMismatch) for x in raised.values()), raised
 
 
 def test_a_frame_for_an_op_run_on_the_engine_is_a_mismatch(pair) -> None:  # type: ignore[no-untyped-def]
