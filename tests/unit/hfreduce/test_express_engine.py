@@ -3,7 +3,6 @@ and every way it can go wrong failing both engines with the right error."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 
