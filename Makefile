@@ -5,6 +5,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 STATE  ?= .ff
 PYTEST_ARGS ?=
+# pytest-xdist workers: `auto` is one per CPU (tests start their own servers on free ports, in
+# their own temp dirs and PostgreSQL schemas, so they run side by side); 0 runs them in this process
+PYTEST_WORKERS ?= auto
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test demo up down status proto lint bench clean
@@ -23,7 +26,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP) ## create .venv, install fireflyer editable with dev tools, generate protos
 
 test: $(STAMP) ## run the test suite (unit, integration against real nats-server/PostgreSQL, e2e)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 demo: $(STAMP) ## bring a local cluster up, show it working, bring it down
 	$(VENV)/bin/ff demo --state-dir $(STATE)-demo
