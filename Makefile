@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,torch]'
 	$(PY) -m fireflyer.api.build
-	$(PY) -m fireflyer.hfreduce._blocks
+	$(PY) -m fireflyer.hfreduce.precompile
 	touch $(STAMP)
 
 setup: $(STAMP) ## create .venv, install fireflyer editable with dev tools, generate protos

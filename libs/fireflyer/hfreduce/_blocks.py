@@ -735,7 +735,7 @@ def warm_up() -> None:
     """Compile (or load from numba's cache) both loops with the argument types the engine
     passes, on empty ranges: a cold compile takes ~20 s on a 2-core VM, which must not land
     inside a node's first large op (its deadline counts).  The worker runs this in the
-    background at start-up; ``make setup`` runs it once to fill the cache."""
+    background at start-up; ``make setup`` runs it once to fill the cache (:mod:`.precompile`)."""
     io, abort, times = new_io(1), np.zeros(1, np.int64), np.zeros(4)
     none = np.zeros(0, np.int64)
     sync = new_sync()
@@ -743,10 +743,3 @@ def warm_up() -> None:
              0, 0, -1, none, 1, 0, 0, 1, io, abort, times, in_place_sub(1), sync, NO_SYNC)
     down_chunk(-1, np.zeros(0, np.uint8), 0, 0, none, none, 4, 0, 0, 1, io, abort, times, sync, NO_SYNC)
 
-
-if __name__ == "__main__":  # python -m fireflyer.hfreduce._blocks: fill the compile cache
-    import time as _time
-
-    _t0 = _time.perf_counter()
-    warm_up()
-    print(f"hfreduce block loops compiled or loaded in {_time.perf_counter() - _t0:.1f} s")

@@ -471,3 +471,35 @@ def test_share_chunks_raises_a_workers_error_after_the_others_finish() -> None:
     with pytest.raises(ValueError, match="chunk 3 failed"):
         kernels._share_chunks(20, 3, run)
     assert sorted(done) == [c for c in range(20) if c != 3]  # the other workers took the rest
+
+
+_SIGNATURES = """
+import json
+from numba import typeof
+from fireflyer.hfreduce import kernels, precompile
+precompile.main()
+print(json.dumps({
+    "typed": sorted(str(s[0]) for s in kernels._reduce_typed.signatures),
+    "tags": sorted(str(typeof(t)) for t in kernels._TAGS.values()),
+    "int": len(kernels._reduce_int.signatures),
+    "stream": len(kernels._reduce_stream.signatures),
+    "nt": kernels._NT_STORES,
+}))
+"""
+
+
+def test_precompile_reaches_every_kernel_specialization() -> None:
+    """``make setup``'s precompile step (in a fresh process, so nothing else compiled them first)
+    leaves a specialization of every kernel that a process can reach: one per input format, the
+    integer kernel and the streaming float32 sum."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _SIGNATURES], capture_output=True, text=True, timeout=110, check=True)
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("hfreduce reduce kernels compiled or loaded in "), out.stdout
+    assert lines[1].startswith("hfreduce block loops compiled or loaded in "), out.stdout
+    got = json.loads(lines[-1])
+    assert got["typed"] == got["tags"] and len(got["tags"]) == 5, got
+    assert got["int"] == 1, got
+    assert got["stream"] == (1 if got["nt"] else 0), got
