@@ -2,7 +2,7 @@
 
 ``make setup`` runs it once, so that no process compiles on its first op: the reduce kernels
 (:func:`.kernels.warm_up`, every input format) and the block loops (:func:`._blocks.warm_up`).
-Cold, the two take about 25 and 35 s on a 2-vCPU VM; from a filled cache, about a second
+Cold, each takes 25-35 s on a 2-vCPU VM; from a filled cache, about a second
 together.  The cache lives beside the sources (``__pycache__``), as numba's ``cache=True`` puts
 it, so a fresh checkout or a new virtualenv fills it again.
 """
