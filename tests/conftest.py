@@ -2,4 +2,5 @@
 
 pytest_plugins = [
     "fireflyer.testing.fixtures",
+    "fireflyer.testing.hangs",
 ]
