@@ -3,4 +3,5 @@
 pytest_plugins = [
     "fireflyer.testing.fixtures",
     "fireflyer.testing.hangs",
+    "fireflyer.testing.service_report",
 ]

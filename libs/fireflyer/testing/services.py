@@ -24,6 +24,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
@@ -31,7 +33,15 @@ from fireflyer.core.errors import DeadlineExceeded
 from fireflyer.core.runtime import Service, ServiceContext, serve
 from fireflyer.testing.poll import wait_for
 
-__all__ = ["running_service", "ServiceProcess"]
+__all__ = ["running_service", "ServiceProcess", "started_processes"]
+
+#: every ServiceProcess started in this process and not yet collected (for failure reports)
+_STARTED: weakref.WeakSet[ServiceProcess] = weakref.WeakSet()
+
+
+def started_processes() -> list[ServiceProcess]:
+    """The ServiceProcesses this process has started that are still referenced, oldest first."""
+    return sorted(_STARTED, key=lambda p: p.started_at)
 
 
 @contextlib.asynccontextmanager
@@ -93,12 +103,15 @@ class ServiceProcess:
         self.env.update(env or {})
         self.args = list(args)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
 
     def start(self) -> ServiceProcess:
         from fireflyer.cluster.procs import spawn
 
         self.proc = spawn([sys.executable, "-m", self.module, *self.args], env=self.env, cwd=Path.cwd(),
                           log_path=self.log_path)
+        self.started_at = time.monotonic()
+        _STARTED.add(self)
         return self
 
     #: how often a service that lost its port to another process is restarted on a fresh one
@@ -160,6 +173,21 @@ class ServiceProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def state(self) -> str:
+        """"running", "not started", or how it ended ("exited with -9 (SIGKILL)"): a log that
+        stops short says nothing of a death by signal, the exit status does."""
+        code = self.returncode
+        if self.proc is None:
+            return "not started"
+        if code is None:
+            return "running"
+        if code < 0:
+            try:
+                return f"exited with {code} ({signal.Signals(-code).name})"
+            except ValueError:
+                pass
+        return f"exited with {code}"
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout_s``; returns the exit code."""

@@ -25,7 +25,7 @@ async def cluster(tmp_path: Path, nats_server) -> AsyncIterator[StorageCluster]:
     except BaseException:
         for p in [c.mgmtd, *c.storage]:
             if p is not None:
-                print(f"---- {p.instance} log ----\n{p.log()[-6000:]}")
+                print(f"---- {p.instance} ({p.state()}) log ----\n{p.log()[-6000:]}")
         raise
     finally:
         await c.close()
