@@ -165,10 +165,12 @@ class Acceptor:
         self.congestion = tuple(congestion)
         self.send_buf_bytes = send_buf_bytes
         self.stop = threading.Event()
+        # set here, not in the thread: an engine that fails at once closes the listener, maybe
+        # before the thread first runs (settimeout on a closed socket raises EBADF there)
+        listener.settimeout(0.1)
         self.thread = threading.Thread(target=self._run, name=f"hfr-accept-{me}", daemon=True)
 
     def _run(self) -> None:
-        self.listener.settimeout(0.1)
         while not self.stop.is_set() and self.got != self.expected:
             try:
                 sock, peer_addr = self.listener.accept()

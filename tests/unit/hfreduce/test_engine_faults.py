@@ -364,3 +364,27 @@ def test_nodes_reducing_different_narrow_dtypes_are_a_mismatch(count: int) -> No
         assert "float16" in str(res[0]) and "bfloat16" in str(res[0]), res[0]
     finally:
         close_all(engines)
+
+
+def test_an_acceptor_whose_listener_closed_before_its_thread_ran_ends_quietly() -> None:
+    """An engine whose start fails at once closes its listener, maybe before the accept thread
+    first runs: the thread must end without an exception (it once raised EBADF there)."""
+    import socket
+
+    from fireflyer.hfreduce._links import Acceptor
+    from fireflyer.wire.frame import FrameLimits
+
+    errors: list[BaseException] = []
+    hook = threading.excepthook
+    threading.excepthook = lambda args: errors.append(args.exc_value)  # type: ignore[assignment]
+    try:
+        listener = socket.create_server(("127.0.0.1", 0))
+        acceptor = Acceptor(listener, me=0, nnodes=2, layout="x", token="t", expected={(1, 0)},
+                            limits=FrameLimits(), buf_bytes=None, on_link=lambda c, t, fs: None)
+        listener.close()
+        acceptor.thread.start()
+        acceptor.thread.join(5)
+        assert not acceptor.thread.is_alive()
+    finally:
+        threading.excepthook = hook
+    assert errors == []
