@@ -97,6 +97,8 @@ class ServiceProcess:
             "FF_INSTANCE": instance,
             "FF_TELEMETRY_SPAN_FILE": str(self.state_dir / "spans.jsonl"),
             "PYTHONUNBUFFERED": "1",
+            # a native crash (SIGSEGV, SIGABRT) then leaves the Python stacks in the log
+            "PYTHONFAULTHANDLER": "1",
         }
         if tokens_file is not None:
             self.env["FF_AUTH_TOKENS_FILE"] = str(tokens_file)
