@@ -9,12 +9,27 @@
 - :mod:`~fireflyer.bus.server`: run a real ``nats-server`` (tests, ``ff up``).
 """
 
-from .connection import ERROR_HEADER, Bus, Handler, RequestHandler, Subscription
-from .events import Event, decode, encode, event_tag, schema_version
-from .jetstream import Consumer
-from .server import NatsServerProcess, nats_server_binary
-from .stats import BusStats
-from .subjects import SubjectParts, parse, pattern, subject
+from typing import TYPE_CHECKING
+
+from fireflyer.core.lazy import lazy_attributes
+
+# (lazy: the events and subjects are light, and a process that only defines or encodes an
+# event -- an HFReduce worker, a training rank -- must not import nats-py for them)
+__getattr__ = lazy_attributes(__name__, {
+    "ERROR_HEADER": "connection", "Bus": "connection", "Handler": "connection", "RequestHandler": "connection",
+    "Subscription": "connection", "Event": "events", "decode": "events", "encode": "events",
+    "event_tag": "events", "schema_version": "events", "Consumer": "jetstream",
+    "NatsServerProcess": "server", "nats_server_binary": "server", "BusStats": "stats",
+    "SubjectParts": "subjects", "parse": "subjects", "pattern": "subjects", "subject": "subjects",
+})
+
+if TYPE_CHECKING:
+    from .connection import ERROR_HEADER, Bus, Handler, RequestHandler, Subscription
+    from .events import Event, decode, encode, event_tag, schema_version
+    from .jetstream import Consumer
+    from .server import NatsServerProcess, nats_server_binary
+    from .stats import BusStats
+    from .subjects import SubjectParts, parse, pattern, subject
 
 __all__ = [
     "Bus",

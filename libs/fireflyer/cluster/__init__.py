@@ -8,17 +8,33 @@
 - :mod:`.report`     tables and the start-up progress display
 """
 
-from .config import ClusterConfig, NatsSection, ServiceEntry, load_cluster_config, parse_cluster_config
-from .records import (
-    ClusterRecord,
-    NatsRecord,
-    ProcessRecord,
-    StatePaths,
-    TokensFile,
-    read_record,
-    read_tokens,
-)
-from .supervisor import collect_status, down, status, up
+from typing import TYPE_CHECKING
+
+from fireflyer.core.lazy import lazy_attributes
+
+# (lazy: a process that needs one helper of a submodule -- an HFReduce worker takes
+# ``procs.free_ports`` -- must not pay for the supervisor's gRPC and NATS imports)
+__getattr__ = lazy_attributes(__name__, {
+    "ClusterConfig": "config", "NatsSection": "config", "ServiceEntry": "config",
+    "load_cluster_config": "config", "parse_cluster_config": "config",
+    "ClusterRecord": "records", "NatsRecord": "records", "ProcessRecord": "records", "StatePaths": "records",
+    "TokensFile": "records", "read_record": "records", "read_tokens": "records",
+    "collect_status": "supervisor", "down": "supervisor", "status": "supervisor", "up": "supervisor",
+})
+
+if TYPE_CHECKING:
+    from .config import ClusterConfig, NatsSection, ServiceEntry, load_cluster_config, parse_cluster_config
+    from .records import (
+        ClusterRecord,
+        NatsRecord,
+        ProcessRecord,
+        StatePaths,
+        TokensFile,
+        read_record,
+        read_tokens,
+    )
+    from .supervisor import collect_status, down, status, up
+
 
 __all__ = [
     "ClusterConfig",

@@ -27,29 +27,47 @@ a default deadline, a CLIENT span, typed errors.  Error mapping is in
 :mod:`fireflyer.rpc.errors`; tokens and roles in :mod:`fireflyer.rpc.auth`.
 """
 
-from .auth import (
-    ANONYMOUS_ADMIN,
-    ROLES,
-    Principal,
-    TokenEntry,
-    TokenStore,
-    acting_as,
-    current_method,
-    current_principal,
-    generate_token,
-    require_role,
-    requires,
-    write_tokens_file,
-)
-from .channel import connect
-from .errors import (
-    ERROR_DETAILS_KEY,
-    error_class_for_status,
-    error_from_rpc_error,
-    status_for_error,
-)
-from .health import check_health
-from .server import RpcServer
+from typing import TYPE_CHECKING
+
+from fireflyer.core.lazy import lazy_attributes
+
+# (lazy: :mod:`.auth` is light and used by processes that never open a channel -- the local
+# cluster's records, an HFReduce worker through them -- which must not import gRPC for it)
+__getattr__ = lazy_attributes(__name__, {
+    **dict.fromkeys(["ANONYMOUS_ADMIN", "ROLES", "Principal", "TokenEntry", "TokenStore", "acting_as",
+                     "current_method", "current_principal", "generate_token", "require_role", "requires",
+                     "write_tokens_file"], "auth"),
+    "connect": "channel",
+    **dict.fromkeys(["ERROR_DETAILS_KEY", "error_class_for_status", "error_from_rpc_error", "status_for_error"],
+                    "errors"),
+    "check_health": "health", "RpcServer": "server",
+})
+
+if TYPE_CHECKING:
+    from .auth import (
+        ANONYMOUS_ADMIN,
+        ROLES,
+        Principal,
+        TokenEntry,
+        TokenStore,
+        acting_as,
+        current_method,
+        current_principal,
+        generate_token,
+        require_role,
+        requires,
+        write_tokens_file,
+    )
+    from .channel import connect
+    from .errors import (
+        ERROR_DETAILS_KEY,
+        error_class_for_status,
+        error_from_rpc_error,
+        status_for_error,
+    )
+    from .health import check_health
+    from .server import RpcServer
+
 
 __all__ = [
     "RpcServer",
