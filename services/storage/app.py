@@ -26,6 +26,7 @@ for up to 30 s); tests shrink them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,7 @@ class StorageService(Service):
         self._stores: list[ChunkStore] = []
         self._cache: RoutingCache | None = None
         self._client: MgmtdClient | None = None
+        self._run_task: asyncio.Task[None] | None = None
 
     async def start(self, ctx: ServiceContext) -> None:
         settings: StorageSettings = self.settings  # type: ignore[assignment]
@@ -265,7 +267,7 @@ class StorageService(Service):
             )  # fmt: skip
             await self.loops.run()
 
-        ctx.spawn(run(), name="storage-node")
+        self._run_task = ctx.spawn(run(), name="storage-node")
         ctx.log.info("storage.starting", node=node_id, wire=node.wire_address,
                      targets=",".join(f"{t}:{p}" for t, p in specs), fsync=s.fsync)
 
@@ -274,6 +276,12 @@ class StorageService(Service):
             await asyncio.to_thread(self.local.stop)
         if self.wire is not None:
             await asyncio.to_thread(self.wire.stop)
+        if self._run_task is not None:  # no heartbeat may follow the leaving one
+            self._run_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._run_task
+        if self.loops is not None and self._client is not None:
+            await self.loops.leave()
         if self.dataplane is not None:
             self.dataplane.close()
         if self.pool is not None:

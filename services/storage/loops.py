@@ -136,6 +136,20 @@ class NodeLoops:
         self.node.joined = True
         log.info("storage.joined", node=self.node.node_id, routing_version=self.node.routing_version)
 
+    async def leave(self, timeout_s: float = 2.0) -> bool:
+        """Tell mgmtd our targets are offline (a clean stop; the loops must be stopped first, or
+        the next heartbeat would report them back).  Best effort: an unreachable mgmtd fails
+        the node after its heartbeat fail interval, as for a crash."""
+        if not self.node.joined:
+            return False  # never reported: nothing of ours is in service
+        try:
+            await asyncio.wait_for(self.client.heartbeat(self.node.leaving_heartbeat()), timeout_s)
+        except (FireFlyerError, TimeoutError) as e:
+            log.warning("storage.leave_failed", error=str(e))
+            return False
+        log.info("storage.left", node=self.node.node_id, targets=sorted(self.node.targets))
+        return True
+
     async def _heartbeat_loop(self) -> None:
         while True:
             started_mono = time.monotonic()

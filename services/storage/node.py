@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
+
 from fireflyer.core.log import get_logger
 from fireflyer.mgmt.model import Chain, LocalState, NodeType, PublicState, RoutingInfo, TargetId
 from fireflyer.mgmt.registry import Heartbeat, TargetReport
@@ -195,6 +197,15 @@ class StorageNode:
             tags += (local_tag(self.local_socket),)
         return Heartbeat(node_id=self.node_id, node_type=NodeType.STORAGE, address=self._grpc_address(),
                          tags=tags, targets=reports)
+
+    def leaving_heartbeat(self) -> Heartbeat:
+        """Every target OFFLINE: what a node that stops cleanly reports last.  mgmtd takes the
+        targets out of service at once (the next chain update), instead of after its heartbeat
+        fail interval, during which clients' writes to them would fail and a restarted node
+        would wait to join (:meth:`must_wait_before_join`) for targets it no longer serves."""
+        hb = self.heartbeat()
+        return msgspec.structs.replace(hb, targets=tuple(
+            msgspec.structs.replace(t, local_state=LocalState.OFFLINE) for t in hb.targets))
 
     def must_wait_before_join(self) -> list[TargetId]:
         """Our targets that mgmtd still shows in service (serving/syncing): wait before heartbeating."""

@@ -22,6 +22,9 @@ __all__ = [
     "UpDecision",
     "decide_up",
     "StopTarget",
+    "MGMTD_PHASE",
+    "NATS_PHASE",
+    "stop_phase",
     "stop_targets",
     "StopOutcome",
     "stop_outcome",
@@ -100,28 +103,41 @@ class StopTarget(msgspec.Struct, frozen=True):
     pid: int
     start_ticks: int | None
     #: targets of a later phase are signalled only after every earlier one is gone
-    #: (nats is phase 1: services drain their NATS connections while it still runs)
+    #: (:func:`stop_phase`: the services, then mgmtd, then nats)
     phase: int = 0
+
+
+#: mgmtd stops after the services that report to it: a storage node that stops cleanly tells
+#: mgmtd its targets are offline, so that they leave their chains at once (a restarted node then
+#: rejoins without waiting out mgmtd's heartbeat fail interval, ~25 s on the local cluster)
+MGMTD_PHASE = 1
+#: nats last: services (mgmtd too) drain their NATS connections while it still runs
+NATS_PHASE = 2
+
+
+def stop_phase(service: str) -> int:
+    """The stop phase of a service of the cluster file (by its name: ``mgmtd``, ``storage``, ...)."""
+    return MGMTD_PHASE if service == "mgmtd" else 0
 
 
 def stop_targets(record: ClusterRecord, alive: Mapping[str, bool]) -> tuple[list[StopTarget], list[str]]:
     """What ``ff down`` signals, in order, and the labels that were already gone.
 
-    Services go first, newest first, and nats last, so services can drain their
-    NATS connections while the server is still there.  An external nats server
+    Services go first, newest first, then mgmtd (:data:`MGMTD_PHASE`), and nats last, so
+    services can drain their NATS connections while the server is still there.  An external nats server
     (``managed`` false) is never ours to stop.
     """
     targets: list[StopTarget] = []
     gone: list[str] = []
     for p in reversed(record.processes):
         if alive.get(p.instance, False):
-            targets.append(StopTarget(p.instance, p.pid, p.start_ticks))
+            targets.append(StopTarget(p.instance, p.pid, p.start_ticks, phase=stop_phase(p.name)))
         else:
             gone.append(p.instance)
     n = record.nats
     if n.managed and n.pid is not None:
         if alive.get("nats", False):
-            targets.append(StopTarget("nats", n.pid, n.start_ticks, phase=1))
+            targets.append(StopTarget("nats", n.pid, n.start_ticks, phase=NATS_PHASE))
         else:
             gone.append("nats")
     return targets, gone

@@ -30,6 +30,7 @@ from fireflyer.core.log import get_logger
 from . import report
 from .config import ClusterConfig, load_cluster_config
 from .decisions import (
+    NATS_PHASE,
     SERVING,
     StatusRow,
     StopOutcome,
@@ -39,6 +40,7 @@ from .decisions import (
     nats_status_row,
     status_exit_code,
     status_row,
+    stop_phase,
     stop_targets,
 )
 from .procs import alive, free_ports, observe, read_tail, spawn, stop_processes, tcp_reachable
@@ -228,9 +230,10 @@ async def _wait_ready(started: Sequence[_Started], ui: report.StartProgress) -> 
 
 def _stop_started(console: Console, paths: StatePaths, nats: NatsRecord | None, started: Sequence[_Started],
                   timeout_s: float) -> None:
-    targets = [StopTarget(s.record.instance, s.record.pid, s.record.start_ticks) for s in reversed(started)]
+    targets = [StopTarget(s.record.instance, s.record.pid, s.record.start_ticks, phase=stop_phase(s.record.name))
+               for s in reversed(started)]
     if nats is not None and nats.managed and nats.pid is not None:
-        targets.append(StopTarget("nats", nats.pid, nats.start_ticks, phase=1))
+        targets.append(StopTarget("nats", nats.pid, nats.start_ticks, phase=NATS_PHASE))
     if not targets:
         return
     live = [t for t in targets if alive(t.pid, t.start_ticks)]

@@ -68,10 +68,11 @@ class StorageCluster:
                               env={**STORAGE_ENV, "FF_TOKEN": self.admin, "FF_MGMTD_ADDR": self.mgmtd.address,
                                    **env})
 
-    async def start(self, **storage_env: str) -> StorageCluster:
+    async def start(self, mgmtd_env: dict[str, str] | None = None, **storage_env: str) -> StorageCluster:
         self.mgmtd = ServiceProcess("services.mgmtd", state_dir=self.tmp, nats_url=self.nats_url,
                                     tokens_file=self.tokens_file, instance="mgmtd-0",
-                                    env={**MGMTD_TIMING, "FF_MGMTD_KV_URL": f"sqlite:///{self.tmp}/mgmtd.db"}).start()
+                                    env={**MGMTD_TIMING, "FF_MGMTD_KV_URL": f"sqlite:///{self.tmp}/mgmtd.db",
+                                         **(mgmtd_env or {})}).start()
         await self.mgmtd.wait_healthy(30.0)
         self.client = MgmtdClient([self.mgmtd.address], token=self.admin, call_timeout_s=2.0)
         self.storage = [self.storage_proc(i, **storage_env).start() for i in range(3)]

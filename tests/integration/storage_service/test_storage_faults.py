@@ -162,3 +162,41 @@ async def test_flipped_bit_is_detected_served_elsewhere_and_reported(cluster: St
     assert (events[0].target, events[0].chunk) == (bad, cid.hex)
     # repair: the target is taken out of service, resynced, and serves the right bytes again
     await _check_every_replica(cluster, {cid: (1, crc32c(data))})
+
+
+async def test_a_clean_stop_takes_targets_out_at_once_and_the_restart_rejoins_without_waiting(
+        tmp_path: Path, nats_server) -> None:
+    """SIGTERM: the node reports its targets offline on the way out, so mgmtd takes them out of
+    their chains at once -- with a 60 s heartbeat fail interval, nothing else could within the
+    test's deadlines -- and the restarted node rejoins (resync, serving) without waiting out that
+    interval for mgmtd to forget its old self (``ff down`` then ``ff up`` used to stall 3FS
+    writes for the local cluster's ~25 s)."""
+    from fireflyer.rpc import TokenEntry, generate_token, write_tokens_file
+
+    admin, user = generate_token(), generate_token()
+    tokens = write_tokens_file(tmp_path / "tokens.json", [TokenEntry(token=admin, user="root-admin", roles=["admin"]),
+                                                          TokenEntry(token=user, user="alice", roles=["user"])])
+    cluster = StorageCluster(tmp_path, nats_server.url, tokens, admin, user)
+    try:
+        await cluster.start(mgmtd_env={"FF_MGMTD_HEARTBEAT_FAIL_INTERVAL_S": "60"})
+        client = cluster.data_client(retry_deadline_s=20.0)
+        acked = {}
+        for n in range(12):
+            cid, data = ChunkId(41, 0, n), os.urandom(2000 + n)
+            client.write(1 + n % 2, cid, 0, data, CHUNK)
+            acked[cid] = (1 + n % 2, crc32c(data))
+        cluster.storage[0].signal(signal.SIGTERM)
+        assert cluster.storage[0].wait(10.0) == 0
+        assert '"event":"storage.left"' in cluster.storage[0].log()
+        for t in (101, 102):  # storage-0's targets
+            await cluster.wait_state(t, PublicState.OFFLINE, timeout_s=10.0)
+        for n in range(12, 18):  # the other two replicas take writes meanwhile
+            cid, data = ChunkId(41, 0, n), os.urandom(3000 + n)
+            client.write(1 + n % 2, cid, 0, data, CHUNK)
+            acked[cid] = (1 + n % 2, crc32c(data))
+        cluster.storage[0] = cluster.storage_proc(0).start()
+        await cluster.wait_all_serving(timeout_s=25.0)
+        assert '"event":"storage.join_waiting"' not in cluster.storage[0].log()
+        await _check_every_replica(cluster, acked)
+    finally:
+        await cluster.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fireflyer.cluster.decisions import (
+    MGMTD_PHASE,
+    NATS_PHASE,
     ProcInfo,
     StopOutcome,
     StopTarget,
@@ -16,6 +18,7 @@ from fireflyer.cluster.decisions import (
     status_exit_code,
     status_row,
     stop_outcome,
+    stop_phase,
     stop_targets,
     tail_lines,
 )
@@ -72,8 +75,16 @@ def test_decide_up_ignores_external_nats() -> None:
 def test_stop_targets_services_newest_first_then_nats() -> None:
     rec = _record(_proc("a-0", 20), _proc("b-0", 21, ticks=7), _proc("c-0", 22))
     targets, gone = stop_targets(rec, {"a-0": True, "b-0": True, "c-0": False, "nats": True})
-    assert targets == [StopTarget("b-0", 21, 7), StopTarget("a-0", 20, 100), StopTarget("nats", 10, 50, phase=1)]
+    assert targets == [StopTarget("b-0", 21, 7), StopTarget("a-0", 20, 100), StopTarget("nats", 10, 50, phase=NATS_PHASE)]
     assert gone == ["c-0"]
+
+
+def test_stop_targets_mgmtd_after_the_services_that_report_to_it() -> None:
+    rec = _record(_proc("mgmtd-0", 20), _proc("storage-0", 21), _proc("mgmtd-1", 22), _proc("meta-0", 23))
+    targets, _ = stop_targets(rec, dict.fromkeys(["mgmtd-0", "storage-0", "mgmtd-1", "meta-0", "nats"], True))
+    assert [(t.label, t.phase) for t in targets] == [("meta-0", 0), ("mgmtd-1", MGMTD_PHASE), ("storage-0", 0),
+                                                      ("mgmtd-0", MGMTD_PHASE), ("nats", NATS_PHASE)]
+    assert 0 < MGMTD_PHASE < NATS_PHASE and stop_phase("storage") == 0 and stop_phase("mgmtd") == MGMTD_PHASE
 
 
 def test_stop_targets_never_external_nats() -> None:
