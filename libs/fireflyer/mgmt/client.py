@@ -337,8 +337,12 @@ class RoutingCache:
 
     async def _loop(self) -> None:
         while True:
+            # (asyncio.timeout, not wait_for: on 3.11 a cancel that lands as the kick wakes the
+            # wait could leave wait_for, and with it stop(), waiting forever -- a storage node
+            # stopping while a routing update arrived hung until ff down's SIGKILL)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self.pull_interval_s)
+                async with asyncio.timeout(self.pull_interval_s):
+                    await self._kick.wait()
             self._kick.clear()
             try:
                 await self.refresh()
