@@ -249,8 +249,9 @@ class MgmtdCore:
 
     async def _update_loop(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.cfg.chain_update_interval_s)
+            with contextlib.suppress(TimeoutError):  # (not wait_for: see RoutingCache._loop)
+                async with asyncio.timeout(self.cfg.chain_update_interval_s):
+                    await self._wake.wait()
             self._wake.clear()
             reg = self.registry
             if reg is None:
