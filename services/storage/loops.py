@@ -143,8 +143,12 @@ class NodeLoops:
         if not self.node.joined:
             return False  # never reported: nothing of ours is in service
         try:
-            await asyncio.wait_for(self.client.heartbeat(self.node.leaving_heartbeat()), timeout_s)
-        except (FireFlyerError, TimeoutError) as e:
+            async with asyncio.timeout(timeout_s):
+                await self.client.heartbeat(self.node.leaving_heartbeat())
+        except TimeoutError:
+            log.warning("storage.leave_failed", error=f"mgmtd did not answer within {timeout_s} s")
+            return False
+        except FireFlyerError as e:
             log.warning("storage.leave_failed", error=str(e))
             return False
         log.info("storage.left", node=self.node.node_id, targets=sorted(self.node.targets))

@@ -6,19 +6,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from stor_svc_harness import StorageCluster
-
-from fireflyer.rpc import TokenEntry, generate_token, write_tokens_file
+from stor_svc_harness import StorageCluster, new_cluster
 
 
 @pytest.fixture
 async def cluster(tmp_path: Path, nats_server) -> AsyncIterator[StorageCluster]:
-    admin, user = generate_token(), generate_token()
-    tokens = write_tokens_file(tmp_path / "tokens.json", [
-        TokenEntry(token=admin, user="root-admin", roles=["admin"]),
-        TokenEntry(token=user, user="alice", roles=["user"]),
-    ])
-    c = StorageCluster(tmp_path, nats_server.url, tokens, admin, user)
+    c = new_cluster(tmp_path, nats_server.url)
     try:
         await c.start()
         yield c

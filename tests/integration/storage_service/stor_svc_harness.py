@@ -17,6 +17,7 @@ from typing import Any
 
 from fireflyer.mgmt.client import MgmtdClient
 from fireflyer.mgmt.model import PublicState, RoutingInfo
+from fireflyer.rpc import TokenEntry, generate_token, write_tokens_file
 from fireflyer.storage import ChainVersionMismatch, ChunkId, ChunkNotFound, NotServing, ReadReply, ReadReq
 from fireflyer.storage.client_min import ConnectionPool, MgmtdRouting, SendLimiter, StorageClient
 from fireflyer.storage.protocol import OP_READ, ReadMsg, split_address, to_meta, wire_address
@@ -162,3 +163,13 @@ class StorageCluster:
             p.stop(timeout_s=5.0)
         if self.mgmtd is not None:
             self.mgmtd.stop(timeout_s=5.0)
+
+
+def new_cluster(tmp_path: Path, nats_url: str) -> StorageCluster:
+    """A cluster not yet started, with an admin and a user token (tests that start it their way)."""
+    admin, user = generate_token(), generate_token()
+    tokens = write_tokens_file(tmp_path / "tokens.json", [
+        TokenEntry(token=admin, user="root-admin", roles=["admin"]),
+        TokenEntry(token=user, user="alice", roles=["user"]),
+    ])
+    return StorageCluster(tmp_path, nats_url, tokens, admin, user)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from stor_svc_harness import CHUNK, StorageCluster
+from stor_svc_harness import CHUNK, StorageCluster, new_cluster
 
 from fireflyer.core.errors import FireFlyerError
 from fireflyer.mgmt.model import PublicState
@@ -171,12 +171,7 @@ async def test_a_clean_stop_takes_targets_out_at_once_and_the_restart_rejoins_wi
     test's deadlines -- and the restarted node rejoins (resync, serving) without waiting out that
     interval for mgmtd to forget its old self (``ff down`` then ``ff up`` used to stall 3FS
     writes for the local cluster's ~25 s)."""
-    from fireflyer.rpc import TokenEntry, generate_token, write_tokens_file
-
-    admin, user = generate_token(), generate_token()
-    tokens = write_tokens_file(tmp_path / "tokens.json", [TokenEntry(token=admin, user="root-admin", roles=["admin"]),
-                                                          TokenEntry(token=user, user="alice", roles=["user"])])
-    cluster = StorageCluster(tmp_path, nats_server.url, tokens, admin, user)
+    cluster = new_cluster(tmp_path, nats_server.url)
     try:
         await cluster.start(mgmtd_env={"FF_MGMTD_HEARTBEAT_FAIL_INTERVAL_S": "60"})
         client = cluster.data_client(retry_deadline_s=20.0)
