@@ -19,6 +19,11 @@ Hot-path choices, and why:
   I/Os needs no join copy) and :class:`FileRegion` s, sent with ``os.sendfile`` straight from the
   page cache to the socket (no copy into user memory); the receiver may scatter a payload over
   several buffers.  The framing is the same: one prefix, one header, ``payload_len`` bytes.
+- **Idle waits in poll(), not recv.**  A thread asleep in ``recv`` is woken whenever the socket's
+  send buffer drains (each ACK of what another thread sends on it), finds nothing and sleeps
+  again: ~1.5 wake-ups per 512 KiB sent, and a ring link's reader, which never receives, woke
+  ~2,000 times a second.  ``poll(POLLIN)`` sleeps through those, so a reader waiting for the next
+  frame first tries without waiting, then sleeps in ``poll`` with the socket's ``SO_RCVTIMEO``.
 - **Small read-ahead** for prefix and header (one ``recv_into`` usually gets both, and the next
   frame's start when requests are small); whatever payload bytes it caught are copied out first,
   at most one read-ahead buffer per frame.
@@ -205,7 +210,7 @@ class FramedSocket:
         #: why the connection broke (the error raised when it did), for whoever closes it
         self.failure: FireFlyerError | None = None
         self._closed = False
-        self._poller: select.poll | None = None  # (poll_for's, made on first use)
+        self._poller: select.poll | None = None  # (POLLIN on this socket, made on first use)
 
     # ------------------------------------------------------------------ sending
 
@@ -336,10 +341,7 @@ class FramedSocket:
         the wait itself.  Other runnable threads on this CPU still run (``sched_yield``)."""
         if self._rend > self._rpos:
             return True
-        poller = self._poller
-        if poller is None:
-            poller = self._poller = select.poll()
-            poller.register(self.sock.fileno(), select.POLLIN)
+        poller = self._pollin()
         end = time.perf_counter() + budget_s
         while True:
             if poller.poll(0):
@@ -347,6 +349,26 @@ class FramedSocket:
             if time.perf_counter() >= end:
                 return False
             os.sched_yield()
+
+    def _pollin(self) -> select.poll:
+        poller = self._poller
+        if poller is None:
+            poller = self._poller = select.poll()
+            poller.register(self.sock.fileno(), select.POLLIN)
+        return poller
+
+    def _wait_readable(self) -> None:
+        """Sleep until bytes or the peer's close arrive; :class:`Idle` after ``SO_RCVTIMEO`` without.
+
+        (Not a blocking ``recv``: see "Idle waits" in the module docstring.)"""
+        sec, usec = struct.unpack("ll", self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16))
+        wait_ms = sec * 1000 + -(-usec // 1000) if sec or usec else None  # (all zero: no timeout)
+        try:
+            ready = self._pollin().poll(wait_ms)
+        except OSError as e:
+            self._recv_failed(e, idle=True)
+        if not ready:
+            raise Idle()
 
     def _fill(self, need: int, *, at_boundary: bool) -> None:
         """Read until ``need`` unread bytes are buffered (taking whatever more is available)."""
@@ -357,10 +379,17 @@ class FramedSocket:
             self._rbuf[:have] = bytes(self._rview[self._rpos:self._rend])
             self._rpos, self._rend = 0, have
         while self._rend < need:
+            idle = at_boundary and self._rend == 0
             try:
-                got = self.sock.recv_into(self._rview[self._rend:])
+                # between frames: take what is there, else sleep in poll() until something is
+                got = self.sock.recv_into(self._rview[self._rend:], 0, socket.MSG_DONTWAIT if idle else 0)
+            except BlockingIOError as e:
+                if not idle:  # (SO_RCVTIMEO ran out inside a frame)
+                    self._recv_failed(e, idle=False)
+                self._wait_readable()
+                continue
             except OSError as e:
-                self._recv_failed(e, idle=at_boundary and self._rend == 0)
+                self._recv_failed(e, idle=idle)
             if got == 0:
                 if at_boundary and self._rend == 0:
                     raise PeerClosed(f"{self.peer} closed the connection", peer=self.peer)

@@ -162,3 +162,63 @@ def test_poll_for_returns_when_bytes_come_or_the_budget_ends_and_never_sleeps_pa
     assert fs.poll_for(5.0) is True
     with pytest.raises(PeerClosed):
         fs.read_header()
+
+
+def _woken(tid: int) -> int:
+    """How often thread ``tid`` of this process went to sleep and was woken (Linux)."""
+    with open(f"/proc/self/task/{tid}/status") as f:
+        return int(next(ln for ln in f if ln.startswith("voluntary_ctxt_switches:")).split()[1])
+
+
+def test_a_reader_waiting_for_a_frame_sleeps_while_its_socket_sends() -> None:
+    """A thread blocked in recv() is woken each time the socket's send buffer drains (about
+    once per 512 KiB sent on loopback); one waiting for the next frame must sleep through that,
+    wake when the frame comes, and still wake when the socket is shut down."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(srv.getsockname())
+    b, _ = srv.accept()
+    srv.close()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 256 << 10)
+    fs = FramedSocket(a, peer="p", limits=FrameLimits(), io_timeout_s=None)
+    tid: list[int] = []
+    got: list[object] = []
+
+    def reader() -> None:
+        tid.append(threading.get_native_id())
+        try:
+            got.append(fs.read_header()[0])
+        except Exception as e:  # noqa: BLE001 - checked below
+            got.append(e)
+
+    def drain() -> None:
+        sink = bytearray(1 << 20)
+        while b.recv_into(sink):
+            pass
+
+    sent = 256 * (512 << 10)  # 128 MiB, in the blocks of a streamed op
+    try:
+        threading.Thread(target=drain, daemon=True).start()
+        r = threading.Thread(target=reader, daemon=True)
+        r.start()
+        while not tid:
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.1)  # asleep, waiting for a frame
+        before = _woken(tid[0])
+        block = bytes(512 << 10)
+        for _ in range(sent // len(block)):
+            a.sendall(block)
+        woken = _woken(tid[0]) - before
+        assert not got and woken <= 8, f"the idle reader woke {woken} times while the socket sent"
+        b.sendall(bytes(encode_head(Request(rid=9, op="x"), 0)))
+        r.join(5.0)
+        assert isinstance(got[0], Request) and got[0].rid == 9
+
+        r = threading.Thread(target=reader, daemon=True)
+        r.start()
+        threading.Event().wait(0.1)
+        fs.shutdown()  # wakes the waiting reader, as it woke one asleep in recv()
+        r.join(5.0)
+        assert not r.is_alive() and isinstance(got[1], PeerClosed), got[1]
+    finally:
+        a.close()
+        b.close()
