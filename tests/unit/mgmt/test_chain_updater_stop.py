@@ -57,4 +57,3 @@ def test_updater_ends_when_a_wake_up_lands_with_the_cancel(tmp_path: Path, loop_
             assert r.run(main()) == 200
     else:
         assert asyncio.run(main()) == 200
-

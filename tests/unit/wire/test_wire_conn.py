@@ -2,6 +2,7 @@
 
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -134,8 +135,6 @@ def test_tune_socket_fixes_the_send_buffer_alone_or_both() -> None:
 
 
 def test_poll_for_returns_when_bytes_come_or_the_budget_ends_and_never_sleeps_past_it(pair):
-    import time
-
     a, b = pair
     fs = FramedSocket(b, peer="p", limits=FrameLimits(), io_timeout_s=5)
     t0 = time.perf_counter()
@@ -201,8 +200,8 @@ def test_a_reader_waiting_for_a_frame_sleeps_while_its_socket_sends() -> None:
         r = threading.Thread(target=reader, daemon=True)
         r.start()
         while not tid:
-            threading.Event().wait(0.01)
-        threading.Event().wait(0.1)  # asleep, waiting for a frame
+            time.sleep(0.01)
+        time.sleep(0.1)  # asleep, waiting for a frame
         before = _woken(tid[0])
         block = bytes(512 << 10)
         for _ in range(sent // len(block)):
@@ -215,7 +214,7 @@ def test_a_reader_waiting_for_a_frame_sleeps_while_its_socket_sends() -> None:
 
         r = threading.Thread(target=reader, daemon=True)
         r.start()
-        threading.Event().wait(0.1)
+        time.sleep(0.1)
         fs.shutdown()  # wakes the waiting reader, as it woke one asleep in recv()
         r.join(5.0)
         assert not r.is_alive() and isinstance(got[1], PeerClosed), got[1]
