@@ -32,8 +32,8 @@ number, starting at 0 and the same on all nodes; ``meta`` as listed)::
     hfr.wait   any direction     {}   "I have started op rid" (sent only once an op is slow)
     hfr.abort  any direction     {"origin", "reason", "culprit", "error"}   flooded once
     hfr.xchg   root -> child     two nodes, a small op that is not an express one: the root's partial
-    hfr.x      either way        two nodes, an express allreduce (:mod:`.express`; ``rid`` is the
-                                 communicator's op number, not ours)
+    hfr.x      either way        an express allreduce (two nodes: :mod:`.express`; more, on tree 0:
+                                 :mod:`.express_tree`; ``rid`` is the communicator's op number, not ours)
 
 A streamed op's payloads are its blocks, each followed by an 8-byte marker (``_blocks``).
 
@@ -98,7 +98,8 @@ from fireflyer.hfreduce.errors import (
     HFReduceError,
     PeerLost,
 )
-from fireflyer.hfreduce.express import EXPRESS_BYTES, EXPRESS_POLL_S, Express
+from fireflyer.hfreduce.express import EXPRESS_BYTES, EXPRESS_POLL_S, Express, ExpressBase
+from fireflyer.hfreduce.express_tree import TreeExpress
 from fireflyer.hfreduce.trees import TreeNode, double_binary_tree, zone_aware_double_tree
 from fireflyer.hfreduce.types import Fingerprint, OpStats
 from fireflyer.wire.conn import FramedSocket, congestion_of
@@ -196,6 +197,8 @@ class NodeEngine(Pipeline, Streaming, Ringing):
             dt, _order = zone_aware_double_tree(list(zones))
         else:
             dt = double_binary_tree(n)
+        #: both trees, every node's place (the express path re-roots tree 0: :mod:`.express_tree`)
+        self.double_tree = dt
         #: this node's place in tree 0 and tree 1
         self.tree_nodes: tuple[TreeNode, TreeNode] = dt.for_rank(node_rank)
         self.roots = dt.roots()
@@ -219,9 +222,10 @@ class NodeEngine(Pipeline, Streaming, Ringing):
         #: called (no arguments, no lock held) once the engine failed: a posted op may have nobody
         #: waiting for it (:meth:`post`), so its owner needs telling
         self.on_failure: Callable[[], None] | None = None
-        #: two nodes: the express path of small allreduces (:mod:`.express`), made by :meth:`start`
-        #: before the readers, which hand it its ``hfr.x`` frames
-        self.express: Express | None = None
+        #: the express path of small allreduces (two nodes: :mod:`.express`; more:
+        #: :mod:`.express_tree`), made by :meth:`start` before the readers, which hand it its
+        #: ``hfr.x`` frames
+        self.express: ExpressBase | None = None
         #: (origin, fields) of a remote FingerprintMismatch that arrived between ops
         self._abort_mismatch: tuple[int, dict[str, object]] | None = None
         self._closing = False
@@ -259,6 +263,10 @@ class NodeEngine(Pipeline, Streaming, Ringing):
             except OSError:
                 continue
         return sorted(out)
+
+    def tree_links(self, tree: int) -> list[Link]:
+        """This node's links in ``tree`` (its parent's and its children's), once started."""
+        return [lk for lk in self._links if lk.tree == tree]
 
     def express_link(self) -> Link:
         """The tree-0 link of a two-node engine, which carries the :mod:`.express` frames."""
@@ -358,6 +366,8 @@ class NodeEngine(Pipeline, Streaming, Ringing):
         self._setup_streaming()
         if self.nnodes == 2:
             self.express = Express(self)
+        elif self.nnodes > 2:
+            self.express = TreeExpress(self)
         for link in self._links:
             link.reader = self._spawn(self._read_loop, link, f"hfr-read-{self.node}-t{link.tree}-n{link.peer}")
             if link.role == CHILD and link.tree != RING_TREE:

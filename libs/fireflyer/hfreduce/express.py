@@ -1,5 +1,7 @@
 """Small allreduces between two nodes: one frame each way, and as little Python as it takes.
 
+(Beyond two nodes the same lean path runs on tree 0 alone: :mod:`.express_tree`.)
+
 With two nodes a small allreduce is an *exchange*: each node sends its partial (its local
 ranks' reduce) to the other, and both reduce the two partials in node order (node 0's
 first), so both hold the same bits after one hop.  The engine's general path can run that
@@ -68,7 +70,8 @@ if TYPE_CHECKING:
     from ._links import Link
     from .engine import NodeEngine
 
-__all__ = ["XOP", "EXPRESS_BYTES", "EXPRESS_POLL_S", "Express", "XOp", "add_pair", "eligible"]
+__all__ = ["XOP", "EXPRESS_BYTES", "EXPRESS_POLL_S", "Express", "ExpressBase", "XOp", "add_pair", "combine",
+           "eligible", "send_partial"]
 
 XOP = "hfr.x"
 #: the largest express op, in carried bytes (a constant: both nodes must take the same path)
@@ -100,7 +103,7 @@ class XOp:
     """One express op on this node: the caller's buffers and what the exchange needs."""
 
     __slots__ = ("seq", "fpw", "ours", "views", "targets", "narrow", "redop", "divisor", "t0", "started_at",
-                 "local_s", "send_s", "recv_s", "done", "on_done", "ctx")
+                 "local_s", "send_s", "recv_s", "done", "on_done", "ctx", "links")
 
     def __init__(self, seq: int, fpw: list[object], ours: np.ndarray, views: list[np.ndarray], *, narrow: bool,
                  redop: str, divisor: int, on_done: Callable[[XOp], None]) -> None:
@@ -124,6 +127,8 @@ class XOp:
         self.on_done = on_done
         #: the caller's own state of the op
         self.ctx: Any = None
+        #: the tree path's traffic: peer -> [bytes sent, bytes received, seconds in socket calls]
+        self.links: dict[int, list[float]] = {}
 
     def stats(self, peer: int) -> OpStats:
         """The op's telemetry: the exchange is tree 0's only phase."""
@@ -136,25 +141,135 @@ class XOp:
     def fingerprint(self) -> Fingerprint:
         return Fingerprint(*self.fpw)  # type: ignore[arg-type]
 
+    def write_result(self) -> None:
+        """``ours`` holds the result: put it in every view that is not ``ours`` itself."""
+        targets = self.targets
+        if self.narrow:
+            kernels.cast_into(targets[0], self.ours, threads=1)
+            for v in targets[1:]:
+                np.copyto(v, targets[0])
+        else:
+            for v in targets:
+                np.copyto(v, self.ours)
 
-class Express:
-    """The express path of a two-node engine (see the module docs); one op at a time."""
+
+def combine(op: XOp, parts: list[np.ndarray]) -> None:
+    """Reduce ``parts`` (``op.ours`` among them, in the order given) into ``op.ours``: the same
+    order on every run, so the same bits."""
+    ours = op.ours
+    if op.redop == "sum" and ours.dtype in _ADD_DTYPES and ours.size <= kernels.SMALL_ELEMS:
+        add_pair(parts[0], parts[1], ours)
+        for p in parts[2:]:
+            add_pair(ours, p, ours)
+    else:
+        kernels.reduce_into(ours, parts, op.redop, threads=1)
+
+
+class ExpressBase:
+    """What both express paths share: one op at a time, parked early frames, the engine-op
+    bookkeeping, the watch over a slow op, failing through the engine."""
 
     def __init__(self, engine: NodeEngine) -> None:
-        """Made by a two-node engine once its links are up, before its readers start."""
         self.engine = engine
-        self.link: Link = engine.express_link()
-        self.peer = self.link.peer
-        #: node 0's partial comes first on both nodes: the same bits everywhere
-        self.first = engine.node < self.peer
         self._lock = threading.RLock()  # (re-entered: a failure found under it wakes the waiters)
         self._cv = threading.Condition(self._lock)
         self._op: XOp | None = None
-        self._parked: dict[int, tuple[object, np.ndarray, float]] = {}
         #: the op NodeComm last ran on the engine (a frame for it means the nodes disagree)
         self._engine_seq = -1
         self._engine_fp = ""
         self._done_seq = -1
+
+    # (each path: how an op starts and a frame lands; its parked frames of op ``seq``, removed;
+    # the timeout that blames its peers; its op's telemetry)
+    def start(self, op: XOp) -> None:
+        raise NotImplementedError
+
+    def on_frame(self, lk: Link, hdr: Request, plen: int) -> None:
+        raise NotImplementedError
+
+    def _unpark(self, seq: int) -> list[tuple[int, object]]:
+        raise NotImplementedError
+
+    def _timeout(self, op: XOp, waited: float) -> CollectiveTimeout:
+        raise NotImplementedError
+
+    def stats(self, op: XOp) -> OpStats:
+        raise NotImplementedError
+
+    def _read_frame(self, lk: Link, hdr: Request, plen: int) -> tuple[np.ndarray, float]:
+        """The payload of an express frame from ``lk`` (the reader's thread); an oversized one
+        fails the engine (raises), without allocating what a bad peer says."""
+        if plen > EXPRESS_BYTES:
+            lk.fs.discard(plen)
+            self._fail(HFReduceError(f"{self.engine.who(lk.peer)} sent an express frame of {plen} bytes "
+                                     f"(at most {EXPRESS_BYTES})", node=self.engine.node, peer=lk.peer))
+        buf = np.empty(plen, np.uint8)
+        t = _perf()
+        lk.fs.recv_into(memoryview(buf))  # (errors: the reader's, a lost link)
+        return buf, _perf() - t
+
+    def _complete(self, op: XOp) -> None:
+        """The result is in every view: mark the op done, wake its watcher, report it."""
+        with self._lock:
+            op.done = True
+            self._op = None
+            self._done_seq = op.seq
+            self._cv.notify_all()
+        op.on_done(op)
+
+    # -- NodeComm's bookkeeping -----------------------------------------------------------------
+
+    def engine_op(self, seq: int, fp: Fingerprint) -> None:
+        """NodeComm runs op ``seq`` on the engine: a frame for it (now or later) is a mismatch."""
+        with self._lock:
+            self._engine_seq, self._engine_fp = seq, str(fp)
+            got = self._unpark(seq)
+        if got:
+            self._fail(self.engine.peer_mismatch(got[0][0], str(fp), got[0][1]))
+
+    def running(self, seq: int) -> bool:
+        """Is op ``seq`` started here and not finished?"""
+        op = self._op
+        return op is not None and op.seq == seq and not op.done
+
+    def wait(self, seq: int, deadline_s: float) -> None:
+        """The op thread's watch over a slow op (``deadline_s`` counts from its start): return
+        once it finished; raise the engine's failure, or a timeout blaming the peer."""
+        with self._lock:
+            op = self._op
+            if op is None or op.seq != seq:
+                return
+            end = op.t0 + deadline_s
+            while not op.done and self.engine.failed is None and _mono() < end:
+                self._cv.wait(min(0.05, max(0.001, end - _mono())))
+            if op.done:
+                return
+        if self.engine.failed is None:
+            self._fail(self._timeout(op, _mono() - op.t0))
+        raise self.engine._reraise(op.fingerprint())
+
+    # -- failure --------------------------------------------------------------------------------
+
+    def _fail(self, err: HFReduceError) -> None:
+        """Fail the engine with ``err`` (the peers hear it through its abort flood), then raise it."""
+        self.engine._fail(err)
+        with self._cv:
+            self._cv.notify_all()
+        raise err
+
+
+class Express(ExpressBase):
+    """The express path of a two-node engine (see the module docs); one op at a time."""
+
+    def __init__(self, engine: NodeEngine) -> None:
+        """Made by a two-node engine once its links are up, before its readers start."""
+        super().__init__(engine)
+        #: the link whose reader polls after an express frame ("Polling")
+        self.link: Link | None = engine.express_link()
+        self.peer = self.link.peer
+        #: node 0's partial comes first on both nodes: the same bits everywhere
+        self.first = engine.node < self.peer
+        self._parked: dict[int, tuple[object, np.ndarray, float]] = {}
 
     # -- the op's two halves --------------------------------------------------------------------
 
@@ -166,13 +281,8 @@ class Express:
             if got is not None and got[0] != op.fpw:
                 del self._parked[op.seq]
                 self._fail(self.engine.peer_mismatch(self.peer, str(op.fingerprint()), got[0]))
-        t = _perf()
-        try:
-            self.link.send(Request(rid=op.seq, op=XOP, meta={"fp": op.fpw}), memoryview(op.ours.view(np.uint8)))
-        except Exception as e:  # noqa: BLE001 - OSError or FireFlyerError: the link is gone
-            self.engine._link_failed(self.link, e)
-            raise self.engine._reraise(op.fingerprint()) from None
-        op.send_s = _perf() - t
+        assert self.link is not None
+        op.send_s = send_partial(self.engine, self.link, op)
         with self._lock:
             self._op = op  # (after the send: the result overwrites ``ours``, which the send reads)
             got = self._parked.pop(op.seq, None)
@@ -181,20 +291,10 @@ class Express:
 
     def on_frame(self, lk: Link, hdr: Request, plen: int) -> None:
         """The peer's partial (on the link's reader): finish the op, or park it until it starts."""
-        if plen > EXPRESS_BYTES:  # no express op is that large: do not allocate what a bad peer says
-            lk.fs.discard(plen)
-            try:
-                self._fail(HFReduceError(f"{self.engine.who(self.peer)} sent an express frame of {plen} bytes "
-                                         f"(at most {EXPRESS_BYTES})", node=self.engine.node, peer=self.peer))
-            except HFReduceError:
-                return
-        buf = np.empty(plen, np.uint8)
-        t = _perf()
-        lk.fs.recv_into(memoryview(buf))  # (errors: the reader's, a lost link)
-        took = _perf() - t
         fpw = hdr.meta.get("fp")
         seq = hdr.rid
         try:
+            buf, took = self._read_frame(lk, hdr, plen)
             with self._lock:
                 op = self._op
                 if op is None or op.seq != seq:
@@ -222,69 +322,33 @@ class Express:
         op.recv_s = took
         ours = op.ours
         theirs = buf.view(ours.dtype)
-        a, b = (ours, theirs) if self.first else (theirs, ours)
-        if op.redop == "sum" and ours.dtype in _ADD_DTYPES and ours.size <= kernels.SMALL_ELEMS:
-            add_pair(a, b, ours)
-        else:
-            kernels.reduce_into(ours, [a, b], op.redop, threads=1)
+        combine(op, [ours, theirs] if self.first else [theirs, ours])
         if op.divisor != 1:
             divide_inplace(ours, op.divisor)
-        targets = op.targets
-        if op.narrow:
-            kernels.cast_into(targets[0], ours, threads=1)
-            for v in targets[1:]:
-                np.copyto(v, targets[0])
-        else:
-            for v in targets:
-                np.copyto(v, ours)
-        with self._lock:
-            op.done = True
-            self._op = None
-            self._done_seq = op.seq
-            self._cv.notify_all()
-        op.on_done(op)
+        op.write_result()
+        self._complete(op)
 
-    # -- NodeComm's bookkeeping -----------------------------------------------------------------
+    def _unpark(self, seq: int) -> list[tuple[int, object]]:
+        got = self._parked.pop(seq, None)
+        return [] if got is None else [(self.peer, got[0])]
 
-    def engine_op(self, seq: int, fp: Fingerprint) -> None:
-        """NodeComm runs op ``seq`` on the engine: a frame for it (now or later) is a mismatch."""
-        with self._lock:
-            self._engine_seq, self._engine_fp = seq, str(fp)
-            got = self._parked.pop(seq, None)
-        if got is not None:
-            self._fail(self.engine.peer_mismatch(self.peer, str(fp), got[0]))
+    def _timeout(self, op: XOp, waited: float) -> CollectiveTimeout:
+        return CollectiveTimeout(
+            f"{op.fingerprint()} on {self.engine.who(self.engine.node)}: {self.engine.who(self.peer)} sent "
+            f"nothing for {waited:.1f} s in the two-node exchange", node=self.engine.node, peer=self.peer,
+            tree=0, phase="exchange", chunk=0, seq=op.seq, missing=str(self.peer), waited_s=round(waited, 3))
 
-    def running(self, seq: int) -> bool:
-        """Is op ``seq`` started here and not finished?"""
-        op = self._op
-        return op is not None and op.seq == seq and not op.done
+    def stats(self, op: XOp) -> OpStats:
+        return op.stats(self.peer)
 
-    def wait(self, seq: int, deadline_s: float) -> None:
-        """The op thread's watch over a slow op (``deadline_s`` counts from its start): return
-        once it finished; raise the engine's failure, or a timeout blaming the peer."""
-        with self._lock:
-            op = self._op
-            if op is None or op.seq != seq:
-                return
-            end = op.t0 + deadline_s
-            while not op.done and self.engine.failed is None and _mono() < end:
-                self._cv.wait(min(0.05, max(0.001, end - _mono())))
-            if op.done:
-                return
-        if self.engine.failed is None:
-            waited = _mono() - op.t0
-            self._fail(CollectiveTimeout(
-                f"{op.fingerprint()} on {self.engine.who(self.engine.node)}: {self.engine.who(self.peer)} sent "
-                f"nothing for {waited:.1f} s in the two-node exchange", node=self.engine.node, peer=self.peer,
-                tree=self.link.tree, phase="exchange", chunk=0, seq=seq, missing=str(self.peer),
-                waited_s=round(waited, 3)))
-        raise self.engine._reraise(op.fingerprint())
 
-    # -- failure --------------------------------------------------------------------------------
-
-    def _fail(self, err: HFReduceError) -> None:
-        """Fail the engine with ``err`` (the peers hear it through its abort flood), then raise it."""
-        self.engine._fail(err)
-        with self._cv:
-            self._cv.notify_all()
-        raise err
+def send_partial(engine: NodeEngine, lk: Link, op: XOp) -> float:
+    """Send ``op.ours`` on ``lk`` as an express frame; seconds in the socket call.  A lost link
+    fails the engine, and this raises its failure."""
+    t = _perf()
+    try:
+        lk.send(Request(rid=op.seq, op=XOP, meta={"fp": op.fpw}), memoryview(op.ours.view(np.uint8)))
+    except Exception as e:  # noqa: BLE001 - OSError or FireFlyerError: the link is gone
+        engine._link_failed(lk, e)
+        raise engine._reraise(op.fingerprint()) from None
+    return _perf() - t

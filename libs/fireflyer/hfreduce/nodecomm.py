@@ -18,9 +18,10 @@ failed (``NodeEngine.on_failure`` wakes the op thread), gets ``engine.wait`` on 
 thread, which enforces the deadline and turns a failure into a failed generation.  This
 saves every small op the wake-up of the thread that started it.
 
-With two nodes, small allreduces skip the engine's op machinery altogether: they take the
-*express* path (:mod:`.express`, decided from the op alone so both nodes agree), posted the
-same way, with ``Express.wait`` in place of ``engine.wait`` for a slow one.
+Small allreduces skip the engine's op machinery altogether: they take the *express* path
+(:mod:`.express` between two nodes, :mod:`.express_tree` up and down tree 0 beyond; decided
+from the op alone so all nodes agree), posted the same way, with ``ExpressBase.wait`` in place
+of ``engine.wait`` for a slow one.
 
 One ``NodeEngine`` per generation: an aborted engine is dead by contract, so a new
 generation builds a new one on the same listen address once the old one has closed
@@ -41,7 +42,7 @@ from fireflyer.core.log import get_logger
 
 from . import kernels
 from .errors import CollectiveTimeout, FingerprintMismatch, HFReduceError, PeerLost
-from .express import Express, XOp
+from .express import ExpressBase, XOp
 from .express import eligible as express_eligible
 from .opexec import OpPlan, _WorkBuffers, execute, may_post, wire_layout
 from .protocol import Channel, Done, Failed, Hello, Submit, encode
@@ -129,10 +130,10 @@ class NodeComm:
         self.fast_ops = 0
         #: of those, the ops that were posted: released and ended by the thread that completed them
         self.posted_ops = 0
-        #: of those, the two-node ops that took the express path (:mod:`.express`)
+        #: of those, the ops that took the express path (:mod:`.express`, :mod:`.express_tree`)
         self.express_ops = 0
-        #: two nodes: the lean path of small allreduces (set once the engine is connected)
-        self.express: Express | None = None
+        #: the lean path of small allreduces (set once the engine is connected)
+        self.express: ExpressBase | None = None
         self.closing = False
         self.engine: Any = None
         self.scratch = _WorkBuffers()
@@ -496,7 +497,7 @@ class NodeComm:
                 plain = plain or encode(Done(seq=seq))  # one encoding for all the ranks
                 self.conns[r].send_encoded(plain)
 
-    # -- the express path (two nodes, small allreduces: .express) -------------------------------
+    # -- the express path (small allreduces: .express, .express_tree) ---------------------------
 
     def _express_subs(self, subs: dict[int, tuple[Submit, float, float]]) -> bool:
         """Does the op of these submits take the express path?  (Local rank 0's says: ranks that
@@ -559,7 +560,7 @@ class NodeComm:
         if rec is not None:
             assert self.express is not None
             rec.local_reduce_s, rec.tree_s = op.local_s, time.monotonic() - op.t0
-            rec.stats = op.stats(self.express.peer)
+            rec.stats = self.express.stats(op)
         if self.worker.tracing:
             self.worker.span_after(self, ordered[0], seq, op.started_at, rec)
         self._tell_ranks(seq, ordered)

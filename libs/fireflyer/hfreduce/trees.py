@@ -147,6 +147,51 @@ class Tree(msgspec.Struct, frozen=True):
     def leaves(self) -> frozenset[int]:
         return frozenset(nd.rank for nd in self.nodes if not nd.children)
 
+    def centred(self) -> Tree:
+        """The same edges rooted at a centre: the node whose farthest node is nearest (the
+        lowest rank among equals), so the depth is the least any root of these edges gives.
+
+        The double binary tree's roots have one child, a level the small ops' express path
+        (:mod:`.express_tree`), which only needs the edges, need not climb: over four nodes
+        tree 0 is 0 - 2 - {1, 3}, two levels below its root, and rooted at 2 it is a star.
+        """
+        n = len(self.nodes)
+        adj: list[list[int]] = [list(nd.children) for nd in self.nodes]
+        for nd in self.nodes:
+            if nd.parent >= 0:
+                adj[nd.rank].append(nd.parent)
+
+        def bfs(src: int) -> tuple[list[int], list[int]]:  # (distance, parent) of every node from src
+            dist, par, level = [-1] * n, [-1] * n, [src]
+            dist[src] = 0
+            while level:
+                nxt = []
+                for v in level:
+                    for w in adj[v]:
+                        if dist[w] < 0:
+                            dist[w], par[w] = dist[v] + 1, v
+                            nxt.append(w)
+                level = nxt
+            return dist, par
+
+        # the centres are the middle of a longest path (one node, or two adjacent ones)
+        d0, _ = bfs(0)
+        u = max(range(n), key=lambda r: (d0[r], -r))
+        du, par = bfs(u)
+        v = max(range(n), key=lambda r: (du[r], -r))
+        path = [v]
+        while path[-1] != u:
+            path.append(par[path[-1]])
+        length = du[v]
+        best = min(path[length // 2], path[(length + 1) // 2])
+        _, par = bfs(best)
+        kids: list[list[int]] = [[] for _ in range(n)]
+        for v in range(n):
+            if par[v] >= 0:
+                kids[par[v]].append(v)
+        return Tree(root=best, nodes=tuple(TreeNode(rank=v, parent=par[v], children=tuple(sorted(kids[v])))
+                                           for v in range(n)))
+
 
 class DoubleTree(msgspec.Struct, frozen=True):
     """The two trees of one allreduce; tree ``t`` carries half ``t`` (:func:`split_halves`)."""

@@ -257,3 +257,34 @@ def test_bad_ranks_and_lengths():
         dt.cross_zone_pairs("ABAB")
     with pytest.raises(InvalidArgument):
         split_halves(-1)
+
+
+@pytest.mark.parametrize("n", list(range(1, 41)) + [64, 127, 128, 1300])
+def test_centred_keeps_the_edges_and_takes_the_least_depth_any_root_gives(n: int) -> None:
+    zoned = zone_aware_double_tree(["A"] * (n // 2) + ["B"] * (n - n // 2))[0].trees if n > 1 else ()
+    for tree in (*double_binary_tree(n).trees, *zoned):
+        c = tree.centred()
+        assert {frozenset(e) for e in c.edges()} == {frozenset(e) for e in tree.edges()}
+        assert c.nodes[c.root].parent == -1 and all(nd.rank == i for i, nd in enumerate(c.nodes))
+        assert all(c.nodes[p].children.count(ch) == 1 for p, ch in c.edges())
+        assert c.depth() <= tree.depth()
+        if n <= 40:  # every other root is no shallower (brute force)
+            best = min(_rerooted_depth(tree, r) for r in range(n))
+            assert c.depth() == best
+
+
+def _rerooted_depth(tree: Tree, root: int) -> int:
+    """Depth of ``tree``'s edges rooted at ``root`` (a plain BFS, independent of ``centred``)."""
+    adj: dict[int, set[int]] = {nd.rank: set(nd.children) for nd in tree.nodes}
+    for p, ch in tree.edges():
+        adj[ch].add(p)
+    seen, level, depth = {root}, [root], -1
+    while level:
+        depth += 1
+        nxt = []
+        for v in level:
+            for w in adj[v] - seen:
+                seen.add(w)
+                nxt.append(w)
+        level = nxt
+    return depth
