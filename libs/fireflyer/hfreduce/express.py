@@ -196,6 +196,11 @@ class ExpressBase:
     def stats(self, op: XOp) -> OpStats:
         raise NotImplementedError
 
+    def _stagger_s(self) -> float:
+        """How much longer than the deadline this node waits, in its op's current phase (0:
+        none), so that the node next to a fault times out first and its reason reaches the rest."""
+        return 0.0
+
     def _read_frame(self, lk: Link, hdr: Request, plen: int) -> tuple[np.ndarray, float]:
         """The payload of an express frame from ``lk`` (the reader's thread); an oversized one
         fails the engine (raises), without allocating what a bad peer says."""
@@ -239,9 +244,11 @@ class ExpressBase:
             op = self._op
             if op is None or op.seq != seq:
                 return
-            end = op.t0 + deadline_s
-            while not op.done and self.engine.failed is None and _mono() < end:
-                self._cv.wait(min(0.05, max(0.001, end - _mono())))
+            while not op.done and self.engine.failed is None:
+                left = op.t0 + deadline_s + self._stagger_s() - _mono()  # (the phase may change)
+                if left <= 0:
+                    break
+                self._cv.wait(min(0.05, max(0.001, left)))
             if op.done:
                 return
         if self.engine.failed is None:

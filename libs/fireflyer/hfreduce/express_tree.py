@@ -29,6 +29,12 @@ partial, one from the parent the result.  Tree 1 and the ring's links never carr
 frame for an op this node runs on the engine, fails it with :class:`FingerprintMismatch`
 (flooded to every node); a slow op's watcher (:meth:`~.express.ExpressBase.wait`) blames the
 children whose partials are missing, or the parent, naming the phase (``up`` / ``down``).
+A node cannot tell a silent parent from one that is itself waiting for a child, so the
+deadlines are staggered (:meth:`TreeExpress._stagger_s`): in the up phase deeper nodes time
+out first, then the down phase, nearer the root first.  The node next to the fault names it
+and its abort reaches the others before their own, vaguer, deadlines (a 3-node test with a
+stopped leaf worker caught the leaf that had sent up blaming the root otherwise).  The stagger
+stays within :data:`STAGGER_MAX_S`, well inside the client's grace after the deadline.
 
 Why not recursive doubling (two rounds of pairwise exchange over four nodes): its partners are
 not all tree neighbours, so it would need links of its own, and over four nodes the centred
@@ -56,6 +62,11 @@ if TYPE_CHECKING:
 __all__ = ["TreeExpress"]
 
 _UP, _DOWN = "up", "down"
+#: seconds between the deadlines of successive levels ("Failures") ...
+STAGGER_STEP_S = 0.2
+#: ... and the most any node waits past its deadline (the client gives up 1.5 s after it,
+#: of which the engine's slack takes 0.5)
+STAGGER_MAX_S = 0.8
 
 
 class TreeExpress(ExpressBase):
@@ -67,7 +78,15 @@ class TreeExpress(ExpressBase):
         #: no link of this path polls after its frames (see :mod:`.express`, "Polling")
         self.link: Link | None = None
         # tree 0's links, rooted at its centre (``Tree.centred``: the same on every node)
-        place = engine.double_tree.trees[0].centred().nodes[engine.node]
+        tree = engine.double_tree.trees[0].centred()
+        place = tree.nodes[engine.node]
+        #: this node's distance from the root, and the tree's depth ("Failures")
+        self.level = 0
+        up = place.parent
+        while up >= 0:
+            self.level, up = self.level + 1, tree.nodes[up].parent
+        self.depth = tree.depth()
+        self._step_s = min(STAGGER_STEP_S, STAGGER_MAX_S / max(1, 2 * self.depth - 1))
         by_peer = {lk.peer: lk for lk in engine.tree_links(0)}
         self.parent: Link | None = by_peer[place.parent] if place.parent >= 0 else None
         #: reduced in this order after our own partial
@@ -196,6 +215,13 @@ class TreeExpress(ExpressBase):
 
     def _unpark(self, seq: int) -> list[tuple[int, object]]:
         return [(peer, self._parked.pop((seq, peer))[0]) for peer in self._peers() if (seq, peer) in self._parked]
+
+    def _stagger_s(self) -> float:
+        """Up phase: ``(depth - 1 - level)`` steps (the deepest waiters first); down phase: after
+        every up-phase deadline, ``depth - 1 + level`` steps (nearer the root first)."""
+        if not self._up_sent:
+            return self._step_s * max(0, self.depth - 1 - self.level)
+        return self._step_s * (self.depth - 1 + self.level)
 
     def _timeout(self, op: XOp, waited: float) -> CollectiveTimeout:
         with self._lock:

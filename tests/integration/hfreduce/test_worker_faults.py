@@ -32,13 +32,15 @@ def _all_raised(res: dict[int, dict], ranks: list[int]) -> None:
         assert res[r]["hfreduce_error"], f"rank {r} raised {res[r]['kind']}: {res[r]['message']}"
 
 
-def _op_while_a_worker_is_stopped(*, nnodes: int, stopped: int) -> dict[int, dict]:
-    """Two ranks in all (``nnodes`` nodes), a 1 s deadline: one op, then a second one submitted while
-    node ``stopped``'s worker is stopped (SIGSTOP, resumed afterwards); the ranks' outcomes."""
-    c = Cluster(nnodes, 2 // nnodes, chunk="1k", timeout_s=1.0).start()
+def _op_while_a_worker_is_stopped(*, nnodes: int, stopped: int, k: int = 0) -> dict[int, dict]:
+    """``k`` ranks per node (default: two ranks in all), a 1 s deadline: one op, then a second one
+    submitted while node ``stopped``'s worker is stopped (SIGSTOP, resumed afterwards); the ranks'
+    outcomes."""
+    k = k or 2 // nnodes
+    c = Cluster(nnodes, k, chunk="1k", timeout_s=1.0).start()
     try:
         run = c.ranks("pause", wait=False)
-        run.wait_line("submitting", 2)
+        run.wait_line("submitting", nnodes * k)
         c.workers[stopped].send_signal(signal.SIGSTOP)
         (run.out / "go").touch()
         run.wait(30)
@@ -85,20 +87,31 @@ def test_worker_nodes_disagreeing_on_a_small_ops_size_raise_a_mismatch_everywher
     _mismatch_on_every_rank("count_by_node", count, f"{count} el", f"{count + 1} el")
 
 
-def _mismatch_on_every_rank(mode: str, count: int, *shown: str) -> None:
-    """Run ``mode`` with ``count``: every rank raises a FingerprintMismatch naming ``shown``, in time."""
-    c = _start()
+def test_worker_three_nodes_disagreeing_on_a_small_ops_size_raise_a_mismatch_everywhere() -> None:
+    """Node ``i`` reduces 1,000 + ``i`` elements: on three nodes the small op goes up tree 0, and
+    the first node to compare fingerprints fails every engine; every rank is told both."""
+    res = _mismatch_on_every_rank("count_by_node", 1000, nnodes=3)
+    for r in range(3):
+        assert sum(f"{1000 + i} el" in res[r]["message"] for i in range(3)) == 2, res[r]["message"]
+
+
+def _mismatch_on_every_rank(mode: str, count: int, *shown: str, nnodes: int = 2) -> dict[int, dict]:
+    """Run ``mode`` with ``count``: every rank raises a FingerprintMismatch naming ``shown``, in
+    time; the ranks' outcomes."""
+    c = _start() if nnodes == 2 else Cluster(nnodes, 1, chunk="1k", timeout_s=TIMEOUT_S).start()
+    world = 4 if nnodes == 2 else nnodes
     try:
         res = c.ranks(mode, count=count, timeout_s=30).results()
     finally:
         c.stop()
-    _all_raised(res, [0, 1, 2, 3])
-    for r in range(4):
+    _all_raised(res, list(range(world)))
+    for r in range(world):
         assert res[r]["kind"] == "FingerprintMismatch", res[r]
         msg = res[r]["message"]
         assert all(s in msg for s in shown), msg
         assert res[r]["op_elapsed"] < TIMEOUT_S + SLACK_S, res[r]
     assert list_segments() == []
+    return res
 
 
 def test_worker_stopped_peer_worker_is_named_by_the_other_node_within_deadline() -> None:
@@ -114,6 +127,27 @@ def test_worker_stopped_peer_worker_is_named_by_the_other_node_within_deadline()
     assert 1.0 <= res[0]["op_elapsed"] < 1.0 + SLACK_S, res[0]
     assert res[1]["kind"] == "CollectiveTimeout" and "worker of node 1" in res[1]["message"], res[1]
     assert res[1]["op_elapsed"] < 1.0 + GRACE_S + 1.0, res[1]
+    assert list_segments() == []
+
+
+def test_worker_three_nodes_name_a_stopped_leaf_worker_in_the_up_phase_within_deadline() -> None:
+    """Three nodes, one rank each: a small allreduce takes the express path up and down tree 0,
+    rooted at its centre (node 2, with leaves 0 and 1).  Node 0's worker is stopped: the root
+    names it (its partial never came up), node 1, whose partial went up, hears the root's reason
+    through the abort, and node 0's rank finds its own worker silent."""
+    from fireflyer.hfreduce.client import GRACE_S
+    from fireflyer.hfreduce.trees import double_binary_tree
+
+    assert double_binary_tree(3).trees[0].centred().root == 2
+    res = _op_while_a_worker_is_stopped(nnodes=3, stopped=0, k=1)
+    _all_raised(res, [0, 1, 2])
+    assert res[2]["kind"] == "CollectiveTimeout", res[2]
+    assert "node 0" in res[2]["message"] and "up phase" in res[2]["message"], res[2]["message"]
+    assert "node 0" in res[1]["message"], res[1]["message"]
+    for r in (1, 2):
+        assert 1.0 <= res[r]["op_elapsed"] < 1.0 + SLACK_S, res[r]
+    assert res[0]["kind"] == "CollectiveTimeout" and "worker of node 0" in res[0]["message"], res[0]
+    assert res[0]["op_elapsed"] < 1.0 + GRACE_S + 1.0, res[0]
     assert list_segments() == []
 
 

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from engine_util import close_all, make_engines
+from engine_util import close_all, make_engines, run_all
 
 from fireflyer.hfreduce.errors import CollectiveAborted, CollectiveTimeout, FingerprintMismatch, HFReduceError
 from fireflyer.hfreduce.express import XOP, XOp
@@ -119,6 +119,25 @@ def test_a_silent_child_is_blamed_in_the_up_phase_and_its_parent_in_the_down_pha
         _wait(lambda: all(e.failed is not None for e in es), "every node is told")
         other = next(e for e in es if e is not root and e.node != silent)  # sent up, waited for the result
         assert isinstance(other.failed, CollectiveAborted) and f"node {silent}" in str(other.failed)
+    finally:
+        close_all(es)
+
+
+def test_deadlines_are_staggered_so_the_node_next_to_the_fault_names_it() -> None:
+    """The root and a leaf that sent its partial up both watch the op with the same deadline; a
+    silent leaf must be named by the root (up phase, earlier deadline), and the waiting leaf told
+    that reason through the abort, not blame the root for a result it never got."""
+    es = make_engines(3, timeout_s=5.0)
+    try:
+        root = next(e for e in es if e.express.parent is None)
+        silent, waiting = (es[lk.peer] for lk in root.express.children)
+        for e in (root, waiting):
+            e.express.start(_op(4, np.ones(2, np.float32), []))
+        assert waiting.express._stagger_s() > root.express._stagger_s()
+        raised = run_all([lambda: root.express.wait(4, 0.3), lambda: waiting.express.wait(4, 0.3)], 10.0)
+        assert isinstance(raised[0], CollectiveTimeout) and raised[0].fields["peer"] == silent.node, raised
+        assert isinstance(raised[1], CollectiveAborted) and f"node {silent.node}" in str(raised[1]), raised
+        assert "up phase" in str(raised[1]), raised
     finally:
         close_all(es)
 
