@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from fireflyer.hfreduce.engine import NodeEngine
+from fireflyer.hfreduce.express import XOp
 from fireflyer.hfreduce.types import Fingerprint
 
 
@@ -106,3 +107,18 @@ def odd_one_out(what: str, n: int, bad: int, count: int) -> tuple[list[np.ndarra
     else:
         raise ValueError(f"no such difference: {what!r}")
     return arrs, fps
+
+
+def express_op(seq: int, x: np.ndarray, done: list[XOp], *, count: int | None = None, redop: str = "sum",
+               divisor: int = 1) -> XOp:
+    """Express op ``seq`` over ``x`` (its own partial and result), reported into ``done``."""
+    fpw: list[object] = ["t/x", seq, redop, str(x.dtype), x.size if count is None else count, "allreduce"]
+    return XOp(seq, fpw, x, [x], narrow=False, redop=redop, divisor=divisor, on_done=done.append)
+
+
+def wait_until(cond: Callable[[], object], what: str, timeout_s: float = 5.0) -> None:
+    """Poll ``cond`` until it holds; fail with ``what`` after ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < end, what
+        time.sleep(0.002)
