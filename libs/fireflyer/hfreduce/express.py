@@ -1,6 +1,8 @@
 """Small allreduces between two nodes: one frame each way, and as little Python as it takes.
 
-(Beyond two nodes the same lean path runs on tree 0 alone: :mod:`.express_tree`.)
+(Beyond two nodes the same lean path runs on tree 0 alone: :mod:`.express_tree`.  Barriers take
+it too, as an exchange of an empty partial: on the thirty-seventh VM a 2-node barrier took 63-65
+µs against 134-141 on the engine's path, a 4-node one 484-500 against 730-758.)
 
 With two nodes a small allreduce is an *exchange*: each node sends its partial (its local
 ranks' reduce) to the other, and both reduce the two partials in node order (node 0's
@@ -95,7 +97,10 @@ def add_pair(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
 
 
 def eligible(kind: str, dtype: np.dtype, count: int) -> bool:
-    """Does a two-node op go express?  (Decided from the op alone: see the module docs.)"""
+    """Does an op go express?  Barriers, and allreduces of at most :data:`EXPRESS_BYTES`
+    carried.  (Decided from the op alone: see the module docs.)"""
+    if kind == "barrier":
+        return True
     return kind == "allreduce" and count * kernels.carried_dtype(dtype).itemsize <= EXPRESS_BYTES
 
 

@@ -506,8 +506,10 @@ class NodeComm:
 
     def _goes_express(self, sub: Submit) -> bool:
         """Does op ``sub`` take the express path?  (The same answer on both nodes: the op decides.)"""
-        if self.express is None or sub.kind != "allreduce":
+        if self.express is None or sub.kind not in ("allreduce", "barrier"):
             return False
+        if sub.kind == "barrier":  # (an exchange of nothing: every node's ranks have arrived)
+            return True
         try:
             return express_eligible(sub.kind, kernels.dtype_from_name(sub.dtype), sub.count)
         except FireFlyerError:
@@ -520,13 +522,18 @@ class NodeComm:
         ordered = [subs[r][0] for r in range(self.K)]
         self._check_fingerprints(seq, ordered)
         s0 = ordered[0]
-        views = self._views(seq, ordered)
-        dtype = kernels.dtype_from_name(s0.dtype)
+        barrier = s0.kind == "barrier"
+        # a barrier exchanges an empty partial: its frames say only that this node's ranks are in
+        views = [] if barrier else self._views(seq, ordered)
+        dtype = _I32 if barrier else kernels.dtype_from_name(s0.dtype)
         narrow = kernels.carried_dtype(dtype) != dtype
         redop = "sum" if s0.op == "avg" else s0.op
         t = time.perf_counter()
-        ours = self.scratch.get(kernels.carried_dtype(dtype), s0.count) if narrow else views[0]
-        if narrow or self.K > 1:  # our partial: the ranks' reduce (into rank 0's own buffer when it can)
+        if barrier:
+            ours = np.zeros(0, _I32)
+        else:
+            ours = self.scratch.get(kernels.carried_dtype(dtype), s0.count) if narrow else views[0]
+        if views and (narrow or self.K > 1):  # our partial: the ranks' reduce (into rank 0's buffer when it can)
             kernels.reduce_into(ours, views, redop, threads=1)
         local_s = time.perf_counter() - t
         rec = self.worker.ring_record(self, seq)
@@ -534,7 +541,7 @@ class NodeComm:
             rec.phase = "exchange"
             rec.nbytes = s0.count * dtype.itemsize
         # the fingerprint the engine path would carry for it (the ranks' dtype, the op as given)
-        fpw: list[object] = [self.key, seq, s0.op, kernels.dtype_name(dtype), s0.count, "allreduce"]
+        fpw: list[object] = [self.key, seq, s0.op, kernels.dtype_name(dtype), 0 if barrier else s0.count, s0.kind]
         op = XOp(seq, fpw, ours, views, narrow=narrow, redop=redop,
                  divisor=self.world_size if s0.op == "avg" else 1, on_done=self._express_done)
         op.local_s = local_s

@@ -129,6 +129,16 @@ def _run(mode: str, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
                 assert np.all(got == -i - 1), (i, got)  # root 0's values
         info = comm.status().worker["comms"]["test/default"]
         return {"fast_ops": info["fast_ops"], "posted_ops": info["posted_ops"], "express_ops": info["express_ops"]}
+    if mode == "barriers":  # rank r arrives r x 30 ms late at each barrier: nobody may leave before the last
+        before = comm.status().worker["comms"]["test/default"]["express_ops"]
+        late = []
+        for _ in range(5):
+            time.sleep(0.03 * comm.rank)
+            arrived = time.time()
+            comm.barrier()
+            late.append((arrived, time.time()))
+        info = comm.status().worker["comms"]["test/default"]
+        return {"times": late, "express_ops": info["express_ops"] - before}
     if mode == "ops":  # a few allreduces (a communicator after a failure still works)
         for _ in range(3):
             x = np.full(5000, comm.rank + 1, np.float32)

@@ -170,3 +170,24 @@ def test_small_ops_in_flight_by_the_thousand_are_posted_and_stay_in_order(nnodes
         assert o["express_ops"] > 400, o
     assert codes == [0] * nnodes
     assert list_segments() == []
+
+
+@pytest.mark.parametrize(("nnodes", "k"), [(2, 1), (3, 2)], ids=["2nodes-1rank", "3nodes-2ranks"])
+def test_barriers_take_the_express_path_and_release_nobody_before_the_last_arrives(nnodes: int, k: int) -> None:
+    """Five barriers, rank ``r`` arriving ``r`` x 30 ms late at each: every rank leaves each barrier
+    after the last one arrived, and the barriers went express (an exchange of nothing between two
+    nodes, up and down tree 0 beyond)."""
+    cluster = Cluster(nnodes, k, chunk="64k").start()
+    try:
+        res = cluster.ranks("barriers", timeout_s=60).results()
+    finally:
+        codes = cluster.stop()
+    world = nnodes * k
+    assert sorted(res) == list(range(world)) and all(o["ok"] for o in res.values()), res
+    for b in range(5):
+        last_in = max(res[r]["times"][b][0] for r in range(world))
+        for r in range(world):
+            assert res[r]["times"][b][1] >= last_in, (b, r, res[r]["times"][b], last_in)
+    assert all(o["express_ops"] == 5 for o in res.values()), res
+    assert codes == [0] * nnodes
+    assert list_segments() == []

@@ -18,8 +18,9 @@ def test_small_allreduces_are_eligible_by_their_carried_bytes_and_nothing_else_i
     # bfloat16 travels as float32 partials: half as many elements fit
     assert eligible("allreduce", bf16, EXPRESS_BYTES // 4)
     assert not eligible("allreduce", bf16, EXPRESS_BYTES // 4 + 1)
-    for kind in ("reduce", "broadcast", "barrier"):
+    for kind in ("reduce", "broadcast"):
         assert not eligible(kind, f32, 1)
+    assert eligible("barrier", f32, 0)  # an exchange of nothing
 
 
 def _specials(dt: np.dtype, n: int, rng: np.random.Generator) -> np.ndarray:
