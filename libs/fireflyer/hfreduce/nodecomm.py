@@ -506,12 +506,11 @@ class NodeComm:
 
     def _goes_express(self, sub: Submit) -> bool:
         """Does op ``sub`` take the express path?  (The same answer on both nodes: the op decides.)"""
-        if self.express is None or sub.kind not in ("allreduce", "barrier"):
+        if self.express is None:
             return False
-        if sub.kind == "barrier":  # (an exchange of nothing: every node's ranks have arrived)
-            return True
-        try:
-            return express_eligible(sub.kind, kernels.dtype_from_name(sub.dtype), sub.count)
+        try:  # (a barrier names no dtype of its own: it is an exchange of nothing)
+            return express_eligible(sub.kind, _I32 if sub.kind == "barrier" else kernels.dtype_from_name(sub.dtype),
+                                    sub.count)
         except FireFlyerError:
             return False  # it fails on its dtype wherever it runs
 
