@@ -135,12 +135,12 @@ class XOp:
         #: the tree path's traffic: peer -> [bytes sent, bytes received, seconds in socket calls]
         self.links: dict[int, list[float]] = {}
 
-    def stats(self, peer: int) -> OpStats:
-        """The op's telemetry: the exchange is tree 0's only phase."""
+    def stats(self, peers: dict[int, PeerStats]) -> OpStats:
+        """The op's telemetry, its whole time as tree 0's up phase (the only one an express op
+        has), with each peer's traffic; the kind the fingerprint names (an allreduce or a barrier)."""
         took = _mono() - self.t0
-        n = self.ours.nbytes
-        return OpStats(seq=self.seq, kind="allreduce", nbytes=n, trees=[TreeStats(up_s=took), TreeStats()],
-                       peers={peer: PeerStats(bytes_sent=n, bytes_received=n, transfer_s=self.send_s + self.recv_s)},
+        return OpStats(seq=self.seq, kind=str(self.fpw[-1]), nbytes=self.ours.nbytes,
+                       trees=[TreeStats(up_s=took), TreeStats()], peers=peers,
                        started_at=self.started_at, finished_at=self.started_at + took)
 
     def fingerprint(self) -> Fingerprint:
@@ -351,7 +351,8 @@ class Express(ExpressBase):
             tree=0, phase="exchange", chunk=0, seq=op.seq, missing=str(self.peer), waited_s=round(waited, 3))
 
     def stats(self, op: XOp) -> OpStats:
-        return op.stats(self.peer)
+        n = op.ours.nbytes
+        return op.stats({self.peer: PeerStats(bytes_sent=n, bytes_received=n, transfer_s=op.send_s + op.recv_s)})
 
 
 def send_partial(engine: NodeEngine, lk: Link, op: XOp) -> float:

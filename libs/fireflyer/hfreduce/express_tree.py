@@ -52,8 +52,8 @@ from fireflyer.wire.frame import Request
 
 from ._op import divide_inplace
 from .errors import CollectiveTimeout, HFReduceError
-from .express import _MAX_PARKED, ExpressBase, XOp, _mono, combine, send_partial
-from .types import OpStats, PeerStats, TreeStats
+from .express import _MAX_PARKED, ExpressBase, XOp, combine, send_partial
+from .types import OpStats, PeerStats
 
 if TYPE_CHECKING:
     from ._links import Link
@@ -189,6 +189,7 @@ class TreeExpress(ExpressBase):
         return self.children + ([self.parent] if self.parent is not None else [])
 
     def _peers(self) -> list[int]:
+        """The nodes whose frames may be parked: the children (the parent only answers us)."""
         return [lk.peer for lk in self.children]
 
     @staticmethod
@@ -239,12 +240,7 @@ class TreeExpress(ExpressBase):
             missing=",".join(str(p) for p in blamed), waited_s=round(waited, 3))
 
     def stats(self, op: XOp) -> OpStats:
-        """The op's telemetry: tree 0's up phase lasts until the result came back (or, at the
-        root, was made), the down phase is the sends to the children; per-peer traffic."""
-        n = op.ours.nbytes
-        elapsed = _mono() - op.t0
-        return OpStats(seq=op.seq, kind="allreduce", nbytes=n, trees=[TreeStats(up_s=elapsed), TreeStats()],
-                       peers={p: PeerStats(bytes_sent=int(s), bytes_received=int(r), transfer_s=t)
-                              for p, (s, r, t) in op.links.items()},
-                       started_at=op.started_at, finished_at=op.started_at + elapsed)
+        """The op's telemetry (:meth:`XOp.stats`), with the traffic to the parent and each child."""
+        return op.stats({p: PeerStats(bytes_sent=int(s), bytes_received=int(r), transfer_s=t)
+                         for p, (s, r, t) in op.links.items()})
 

@@ -55,7 +55,7 @@ def test_both_nodes_get_node_order_bits_whoever_starts_first(pair) -> None:  # t
         wait_until(lambda s=seq: sum(op.seq == s for op in done) == 2, f"op {seq} finished on both nodes")
         assert ya.tobytes() == want.tobytes() and yb.tobytes() == want.tobytes(), seq
     assert e0.failed is None and e1.failed is None
-    st = next(op for op in done if op.seq == 19).stats(1)
+    st = e0.express.stats(next(op for op in done if op.seq == 19))
     assert st.nbytes == 16 and st.peers[1].bytes_sent == 16 and st.trees[0].up_s > 0
 
 

@@ -62,7 +62,7 @@ def test_every_node_gets_the_same_bits_run_after_run_whoever_starts_first(engine
         assert xs[0][0] == np.inf and np.isfinite(xs[0][3:]).all()
     assert all(e.failed is None for e in engines)
     st = roots[0].express.stats(next(op for op in done if op.ours is xs[roots[0].node]))
-    assert st.nbytes == 33 * 4 and st.trees[0].up_s > 0
+    assert st.nbytes == 33 * 4 and st.trees[0].up_s > 0 and st.kind == "allreduce"
     kids = [lk.peer for lk in roots[0].express.children]
     assert sorted(st.peers) == sorted(kids)
     assert all(st.peers[p].bytes_sent == st.peers[p].bytes_received == 33 * 4 for p in kids)
@@ -163,3 +163,15 @@ def test_an_express_frame_off_tree_0_fails_the_engine(three) -> None:  # type: i
         lk.fs.send_frame(Request(rid=0, op=XOP, meta={"fp": []}), memoryview(bytes(8)))
     wait_until(lambda: es[lk.peer].failed is not None, "the receiver fails")
     assert isinstance(es[lk.peer].failed, HFReduceError) and "carries none" in str(es[lk.peer].failed)
+
+
+def test_a_barrier_is_an_express_exchange_of_nothing_and_its_record_says_barrier(engines) -> None:  # type: ignore[no-untyped-def]
+    done: list[XOp] = []
+    for e in _leaves_first(engines):
+        op = express_op(0, np.zeros(0, np.int32), done)
+        op.fpw[-1] = "barrier"
+        e.express.start(op)
+    wait_until(lambda: len(done) == len(engines), "the barrier done everywhere")
+    root = next(e for e in engines if e.express.parent is None)
+    st = root.express.stats(next(op for op in done if op.links.keys() == {lk.peer for lk in root.express.children}))
+    assert st.kind == "barrier" and st.nbytes == 0
