@@ -2,7 +2,12 @@
 
 (Beyond two nodes the same lean path runs on tree 0 alone: :mod:`.express_tree`.  Barriers take
 it too, as an exchange of an empty partial: on the thirty-seventh VM a 2-node barrier took 63-65
-µs against 134-141 on the engine's path, a 4-node one 484-500 against 730-758.)
+µs against 134-141 on the engine's path, a 4-node one 484-500 against 730-758.  So do small
+reduces -- every node reduces, only the root's buffer gets the result -- and broadcasts, as the
+engine runs them: an int32 sum of the buffer's bytes as words, zeros from every node but the
+root's, so the bits arrive as they left.  On the thirty-eighth VM a 4-byte 2-node broadcast took
+158-166 µs against 244-387 on the engine's path, a reduce 163-164 against 255-365; 4 nodes:
+733-906 against 950-1,058, and 745-889 against 1,001-1,011.)
 
 With two nodes a small allreduce is an *exchange*: each node sends its partial (its local
 ranks' reduce) to the other, and both reduce the two partials in node order (node 0's
@@ -14,8 +19,8 @@ same message layers (msgspec to the ranks, ``fireflyer.wire`` frames between the
 took ~60 µs per op end to end (a prototype, 2026-11-26).  This module is that lean path.
 
 :class:`~fireflyer.hfreduce.nodecomm.NodeComm` sends an op here when :func:`eligible` says
-so -- an allreduce of at most :data:`EXPRESS_BYTES` carried bytes on a two-node
-communicator.  The test depends on the op alone (never on a node's settings), so when the
+so -- an allreduce or reduce of at most :data:`EXPRESS_BYTES` carried bytes, a broadcast of at
+most that many bytes as int32 words, a barrier -- on a two-node communicator.  The test depends on the op alone (never on a node's settings), so when the
 nodes agree on the op they agree on the path.
 
 **Wire.**  One ``hfr.x`` frame per node and op on the tree-0 link between the two nodes
@@ -97,31 +102,39 @@ def add_pair(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
 
 
 def eligible(kind: str, dtype: np.dtype, count: int) -> bool:
-    """Does an op go express?  Barriers, and allreduces of at most :data:`EXPRESS_BYTES`
-    carried.  (Decided from the op alone: see the module docs.)"""
+    """Does an op go express?  Barriers; allreduces and reduces of at most :data:`EXPRESS_BYTES`
+    carried; broadcasts of at most that many bytes as the int32 words they travel as
+    (``opexec.wire_layout``).  (Decided from the op alone: see the module docs.)"""
     if kind == "barrier":
         return True
-    return kind == "allreduce" and count * kernels.carried_dtype(dtype).itemsize <= EXPRESS_BYTES
+    if kind == "broadcast":
+        return -(-count * dtype.itemsize // 4) * 4 <= EXPRESS_BYTES
+    return kind in ("allreduce", "reduce") and count * kernels.carried_dtype(dtype).itemsize <= EXPRESS_BYTES
 
 
 class XOp:
     """One express op on this node: the caller's buffers and what the exchange needs."""
 
-    __slots__ = ("seq", "fpw", "ours", "views", "targets", "narrow", "redop", "divisor", "t0", "started_at",
-                 "local_s", "send_s", "recv_s", "done", "on_done", "ctx", "links")
+    __slots__ = ("seq", "fpw", "ours", "views", "targets", "result", "narrow", "redop", "divisor", "t0",
+                 "started_at", "local_s", "send_s", "recv_s", "done", "on_done", "ctx", "links")
 
     def __init__(self, seq: int, fpw: list[object], ours: np.ndarray, views: list[np.ndarray], *, narrow: bool,
-                 redop: str, divisor: int, on_done: Callable[[XOp], None]) -> None:
+                 redop: str, divisor: int, on_done: Callable[[XOp], None],
+                 result: np.ndarray | None = None) -> None:
         self.seq = seq
         #: the fingerprint as it travels (``_op.fp_wire``)
         self.fpw = fpw
         #: our partial (carried dtype); the result lands in it too
         self.ours = ours
+        #: the buffers that get the result (a reduce: only its root's; a broadcast: all but its root's)
         self.views = views
         #: narrow floats: the float32 result is rounded into views[0], then copied to the others;
         #: otherwise it is copied into every view that is not ``ours`` itself
         self.narrow = narrow
         self.targets = views if narrow else [v for v in views if v is not ours]
+        #: what the views get when it is not ``ours`` as it is (a broadcast: its int32 words' bytes,
+        #: cut to the buffer's length)
+        self.result = ours if result is None else result
         self.redop = redop
         self.divisor = divisor
         self.t0 = _mono()
@@ -137,7 +150,7 @@ class XOp:
 
     def stats(self, peers: dict[int, PeerStats]) -> OpStats:
         """The op's telemetry, its whole time as tree 0's up phase (the only one an express op
-        has), with each peer's traffic; the kind the fingerprint names (an allreduce or a barrier)."""
+        has), with each peer's traffic; the kind the fingerprint names."""
         took = _mono() - self.t0
         return OpStats(seq=self.seq, kind=str(self.fpw[-1]), nbytes=self.ours.nbytes,
                        trees=[TreeStats(up_s=took), TreeStats()], peers=peers,
@@ -149,13 +162,13 @@ class XOp:
     def write_result(self) -> None:
         """``ours`` holds the result: put it in every view that is not ``ours`` itself."""
         targets = self.targets
-        if self.narrow:
+        if self.narrow and targets:
             kernels.cast_into(targets[0], self.ours, threads=1)
             for v in targets[1:]:
                 np.copyto(v, targets[0])
-        else:
+        elif not self.narrow:
             for v in targets:
-                np.copyto(v, self.ours)
+                np.copyto(v, self.result)
 
 
 def combine(op: XOp, parts: list[np.ndarray]) -> None:

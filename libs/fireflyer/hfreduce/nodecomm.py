@@ -18,7 +18,8 @@ failed (``NodeEngine.on_failure`` wakes the op thread), gets ``engine.wait`` on 
 thread, which enforces the deadline and turns a failure into a failed generation.  This
 saves every small op the wake-up of the thread that started it.
 
-Small allreduces skip the engine's op machinery altogether: they take the *express* path
+Small ops (allreduces, reduces and broadcasts of at most ``EXPRESS_BYTES``, barriers) skip the
+engine's op machinery altogether: they take the *express* path
 (:mod:`.express` between two nodes, :mod:`.express_tree` up and down tree 0 beyond; decided
 from the op alone so all nodes agree), posted the same way, with ``ExpressBase.wait`` in place
 of ``engine.wait`` for a slow one.
@@ -521,28 +522,13 @@ class NodeComm:
         ordered = [subs[r][0] for r in range(self.K)]
         self._check_fingerprints(seq, ordered)
         s0 = ordered[0]
-        barrier = s0.kind == "barrier"
-        # a barrier exchanges an empty partial: its frames say only that this node's ranks are in
-        views = [] if barrier else self._views(seq, ordered)
-        dtype = _I32 if barrier else kernels.dtype_from_name(s0.dtype)
-        narrow = kernels.carried_dtype(dtype) != dtype
-        redop = "sum" if s0.op == "avg" else s0.op
         t = time.perf_counter()
-        if barrier:
-            ours = np.zeros(0, _I32)
-        else:
-            ours = self.scratch.get(kernels.carried_dtype(dtype), s0.count) if narrow else views[0]
-        if views and (narrow or self.K > 1):  # our partial: the ranks' reduce (into rank 0's buffer when it can)
-            kernels.reduce_into(ours, views, redop, threads=1)
+        op = self._express_op(seq, s0, ordered)
         local_s = time.perf_counter() - t
         rec = self.worker.ring_record(self, seq)
         if rec is not None:
             rec.phase = "exchange"
-            rec.nbytes = s0.count * dtype.itemsize
-        # the fingerprint the engine path would carry for it (the ranks' dtype, the op as given)
-        fpw: list[object] = [self.key, seq, s0.op, kernels.dtype_name(dtype), 0 if barrier else s0.count, s0.kind]
-        op = XOp(seq, fpw, ours, views, narrow=narrow, redop=redop,
-                 divisor=self.world_size if s0.op == "avg" else 1, on_done=self._express_done)
+            rec.nbytes = 0 if s0.kind == "barrier" else s0.count * kernels.dtype_from_name(s0.dtype).itemsize
         op.local_s = local_s
         op.ctx = (ordered, rec)
         timeout = s0.timeout_s or self.timeout_s
@@ -553,6 +539,55 @@ class NodeComm:
             self.posted_ops += 1
             self.express_ops += 1
         self.express.start(op)
+
+    def _express_op(self, seq: int, s0: Submit, ordered: list[Submit]) -> XOp:
+        """Express op ``seq``: this node's partial made (the local reduce) and where the result goes.
+
+        - allreduce: the ranks' reduce, into rank 0's buffer when it can; every buffer gets the result;
+        - reduce: the ranks' reduce into scratch (the other ranks' buffers stay as they were); only
+          the root's buffer, if it is on this node, gets the result;
+        - broadcast: as on the engine path (``opexec``), an int32 sum of the buffer's bytes as words,
+          the root's node giving them and every other node zeros; every buffer but the root's gets them;
+        - barrier: an empty partial (its frames say only that this node's ranks are all in).
+        """
+        kind = s0.kind
+        barrier = kind == "barrier"
+        views = [] if barrier else self._views(seq, ordered)
+        dtype = _I32 if barrier else kernels.dtype_from_name(s0.dtype)
+        engine_op, wdt, wcount = wire_layout(kind, s0.op, dtype, s0.count)
+        # the fingerprint the engine path would carry for it (an allreduce's and a reduce's names the
+        # ranks' dtype and the op as given)
+        named = dtype if kind in ("allreduce", "reduce") else wdt
+        fpw: list[object] = [self.key, seq, engine_op, kernels.dtype_name(named), 0 if barrier else wcount, kind]
+        root = None if s0.root < 0 else next((r for r, g in self.global_rank.items() if g == s0.root), None)
+        done = self._express_done
+        if barrier:
+            return XOp(seq, fpw, np.zeros(0, _I32), [], narrow=False, redop="sum", divisor=1, on_done=done)
+        if kind == "broadcast":
+            words = self.scratch.get(_I32, wcount)
+            raw = [v.view(np.uint8) for v in views]
+            wbytes = words.view(np.uint8)
+            nbytes = s0.count * dtype.itemsize
+            if root is not None:
+                wbytes[:nbytes] = raw[root]
+                wbytes[nbytes:] = 0
+            else:
+                words[:] = 0
+            return XOp(seq, fpw, words, [r for i, r in enumerate(raw) if i != root], narrow=False, redop="sum",
+                       divisor=1, on_done=done, result=wbytes[:nbytes])
+        carried = kernels.carried_dtype(dtype)
+        narrow = carried != dtype
+        redop = "sum" if s0.op == "avg" else s0.op
+        divisor = self.world_size if s0.op == "avg" else 1
+        if kind == "reduce":
+            ours = self.scratch.get(carried, s0.count)
+            kernels.reduce_into(ours, views, redop, threads=1)
+            out = [views[root]] if root is not None else []
+            return XOp(seq, fpw, ours, out, narrow=narrow, redop=redop, divisor=divisor, on_done=done)
+        ours = self.scratch.get(carried, s0.count) if narrow else views[0]
+        if narrow or self.K > 1:  # our partial: the ranks' reduce (into rank 0's buffer when it can)
+            kernels.reduce_into(ours, views, redop, threads=1)
+        return XOp(seq, fpw, ours, views, narrow=narrow, redop=redop, divisor=divisor, on_done=done)
 
     def _express_done(self, op: XOp) -> None:
         """Express op ``op`` is in every rank's buffer (on the thread that finished it): record,

@@ -23,6 +23,8 @@ import numpy as np
 DTYPES = ["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int32", "int64"]
 OPS = ["sum", "avg", "max", "min"]
 LARGE = 4 << 20  # float32 elements: 16 MiB
+#: elements of a broadcast / reduce too large for the express path in any dtype (> 64 KiB of float8)
+BEYOND_EXPRESS = 70_000
 _op_t0 = [0.0]  # monotonic start of the op a fault test expects to fail
 
 
@@ -46,8 +48,9 @@ def cases(full: bool) -> list[tuple[str, str, str, int, int]]:
     for n in ([0, 1] if not full else []):
         out.append(("allreduce", "sum", "float32", n, -1))
     for dt in DTYPES:
-        out.append(("broadcast", "sum", dt, 1001, -2))  # -2: the last rank
-        out.append(("reduce", "sum", dt, 1001, 0))
+        for n in (1001, BEYOND_EXPRESS):  # the express path across nodes, then the engine's
+            out.append(("broadcast", "sum", dt, n, -2))  # -2: the last rank
+            out.append(("reduce", "sum", dt, n, 0))
     if full:
         out.append(("allreduce", "sum", "float32", LARGE, -1))
     return out
@@ -139,6 +142,25 @@ def _run(mode: str, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
             late.append((arrived, time.time()))
         info = comm.status().worker["comms"]["test/default"]
         return {"times": late, "express_ops": info["express_ops"] - before}
+    if mode == "small_kinds":  # small broadcasts and reduces from every rank as root: the express path
+        world, rank = comm.world_size, comm.rank
+        before = comm.status().worker["comms"]["test/default"]["express_ops"]
+        for root in range(world):
+            # 3 float16 = 6 bytes, not whole int32 words; random bits: NaN payloads, -0.0
+            bits = [np.random.default_rng([root, r]).integers(0, 256, 6, dtype=np.uint8) for r in range(world)]
+            x = bits[rank].view(np.float16).copy()
+            assert comm.broadcast(x, root) is x
+            assert x.view(np.uint8).tobytes() == bits[root].tobytes(), (root, x)
+            # a narrow float (float32 partials, one rounding) and avg: only the root's buffer changes
+            y = np.full(5, rank + 1, ml_dtypes.bfloat16)
+            comm.reduce(y, root, op="avg")
+            want = (world + 1) / 2 if rank == root else rank + 1
+            assert np.all(y == ml_dtypes.bfloat16(want)), (root, y)
+            z = np.full(7, rank * 3, np.int64)
+            comm.reduce(z, root, op="max")
+            assert np.all(z == ((world - 1) * 3 if rank == root else rank * 3)), (root, z)
+        info = comm.status().worker["comms"]["test/default"]
+        return {"express_ops": info["express_ops"] - before}
     if mode == "ops":  # a few allreduces (a communicator after a failure still works)
         for _ in range(3):
             x = np.full(5000, comm.rank + 1, np.float32)
@@ -158,6 +180,10 @@ def _run(mode: str, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
     if mode == "count_by_node":  # node 1's ranks reduce one element more than node 0's
         _mark()
         comm.allreduce(np.ones(args.count + comm.node_rank, np.float32))
+        return {}
+    if mode == "bcast_count_by_node":  # node 1's ranks broadcast one element more than node 0's
+        _mark()
+        comm.broadcast(np.ones(args.count + comm.node_rank, np.float32), 0)
         return {}
     if mode == "one_more_on_node1":  # node 1's ranks run one op more; node 0's close meanwhile
         comm.allreduce(np.ones(10, np.float32))

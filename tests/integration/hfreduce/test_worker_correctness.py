@@ -172,6 +172,24 @@ def test_small_ops_in_flight_by_the_thousand_are_posted_and_stay_in_order(nnodes
     assert list_segments() == []
 
 
+@pytest.mark.parametrize(("nnodes", "k"), [(2, 2), (3, 2)], ids=["2nodes-2ranks", "3nodes-2ranks"])
+def test_small_broadcasts_and_reduces_take_the_express_path_from_any_root(nnodes: int, k: int) -> None:
+    """Every rank in turn the root of a 6-byte float16 broadcast (random bits: not whole words), a
+    bfloat16 avg reduce and an int64 max reduce: the right bits where they belong, the other ranks'
+    buffers untouched by a reduce, and every op went express (an exchange between two nodes, up and
+    down tree 0 beyond)."""
+    cluster = Cluster(nnodes, k, chunk="64k").start()
+    try:
+        res = cluster.ranks("small_kinds", timeout_s=60).results()
+    finally:
+        codes = cluster.stop()
+    world = nnodes * k
+    assert sorted(res) == list(range(world)) and all(o["ok"] for o in res.values()), res
+    assert all(o["express_ops"] == 3 * world for o in res.values()), res
+    assert codes == [0] * nnodes
+    assert list_segments() == []
+
+
 @pytest.mark.parametrize(("nnodes", "k"), [(2, 1), (3, 2)], ids=["2nodes-1rank", "3nodes-2ranks"])
 def test_barriers_take_the_express_path_and_release_nobody_before_the_last_arrives(nnodes: int, k: int) -> None:
     """Five barriers, rank ``r`` arriving ``r`` x 30 ms late at each: every rank leaves each barrier

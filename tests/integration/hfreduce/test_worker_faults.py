@@ -87,6 +87,14 @@ def test_worker_nodes_disagreeing_on_a_small_ops_size_raise_a_mismatch_everywher
     _mismatch_on_every_rank("count_by_node", count, f"{count} el", f"{count + 1} el")
 
 
+@pytest.mark.parametrize("count", [1000, EXPRESS_BYTES // 4])
+def test_worker_nodes_disagreeing_on_a_small_broadcasts_size_raise_a_mismatch_everywhere(count: int) -> None:
+    """As above for a broadcast (its bytes travel as int32 words): at 1,000 float32 both nodes
+    take the express path, at EXPRESS_BYTES / 4 node 1 takes the engine; either way every rank
+    is told both fingerprints."""
+    _mismatch_on_every_rank("bcast_count_by_node", count, f"{count} el", f"{count + 1} el")
+
+
 def test_worker_three_nodes_disagreeing_on_a_small_ops_size_raise_a_mismatch_everywhere() -> None:
     """Node ``i`` reduces 1,000 + ``i`` elements: on three nodes the small op goes up tree 0, and
     the first node to compare fingerprints fails every engine; every rank is told both."""

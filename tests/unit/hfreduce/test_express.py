@@ -10,17 +10,32 @@ from fireflyer.hfreduce import kernels
 from fireflyer.hfreduce.express import EXPRESS_BYTES, add_pair, eligible
 
 
-def test_small_allreduces_are_eligible_by_their_carried_bytes_and_nothing_else_is() -> None:
+@pytest.mark.parametrize("kind", ["allreduce", "reduce"])
+def test_small_allreduces_and_reduces_are_eligible_by_their_carried_bytes(kind: str) -> None:
     f32, bf16 = np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)
-    assert eligible("allreduce", f32, 1) and eligible("allreduce", f32, 0)
-    assert eligible("allreduce", f32, EXPRESS_BYTES // 4)
-    assert not eligible("allreduce", f32, EXPRESS_BYTES // 4 + 1)
+    assert eligible(kind, f32, 1) and eligible(kind, f32, 0)
+    assert eligible(kind, f32, EXPRESS_BYTES // 4)
+    assert not eligible(kind, f32, EXPRESS_BYTES // 4 + 1)
     # bfloat16 travels as float32 partials: half as many elements fit
-    assert eligible("allreduce", bf16, EXPRESS_BYTES // 4)
-    assert not eligible("allreduce", bf16, EXPRESS_BYTES // 4 + 1)
-    for kind in ("reduce", "broadcast"):
-        assert not eligible(kind, f32, 1)
+    assert eligible(kind, bf16, EXPRESS_BYTES // 4)
+    assert not eligible(kind, bf16, EXPRESS_BYTES // 4 + 1)
+
+
+def test_broadcasts_are_eligible_by_the_int32_words_they_travel_as() -> None:
+    u8, bf16, i64 = np.dtype(np.uint8), np.dtype(ml_dtypes.bfloat16), np.dtype(np.int64)
+    assert eligible("broadcast", bf16, 0) and eligible("broadcast", u8, 1)
+    # a broadcast's bytes travel as they are (no float32 partials): twice as many bfloat16 fit
+    assert eligible("broadcast", bf16, EXPRESS_BYTES // 2)
+    assert not eligible("broadcast", bf16, EXPRESS_BYTES // 2 + 1)
+    assert eligible("broadcast", i64, EXPRESS_BYTES // 8) and not eligible("broadcast", i64, EXPRESS_BYTES // 8 + 1)
+    # padded to whole words: one byte past the limit is one word too many
+    assert eligible("broadcast", u8, EXPRESS_BYTES) and not eligible("broadcast", u8, EXPRESS_BYTES + 1)
+
+
+def test_barriers_are_always_eligible_and_unknown_kinds_never() -> None:
+    f32 = np.dtype(np.float32)
     assert eligible("barrier", f32, 0)  # an exchange of nothing
+    assert not eligible("alltoall", f32, 1)
 
 
 def _specials(dt: np.dtype, n: int, rng: np.random.Generator) -> np.ndarray:
