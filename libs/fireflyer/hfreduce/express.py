@@ -20,8 +20,9 @@ took ~60 µs per op end to end (a prototype, 2026-11-26).  This module is that l
 
 :class:`~fireflyer.hfreduce.nodecomm.NodeComm` sends an op here when :func:`eligible` says
 so -- an allreduce or reduce of at most :data:`EXPRESS_BYTES` carried bytes, a broadcast of at
-most that many bytes as int32 words, a barrier -- on a two-node communicator.  The test depends on the op alone (never on a node's settings), so when the
-nodes agree on the op they agree on the path.
+most that many bytes as int32 words, a barrier -- on a two-node communicator.  The test
+depends on the op alone (never on a node's settings), so when the nodes agree on the op they
+agree on the path.
 
 **Wire.**  One ``hfr.x`` frame per node and op on the tree-0 link between the two nodes
 (the engine's reader for that link hands it to :meth:`Express.on_frame`): ``rid`` is the

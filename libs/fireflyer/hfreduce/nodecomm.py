@@ -406,7 +406,7 @@ class NodeComm:
         rec = self.worker.ring_record(self, seq)
         views = self._views(seq, ordered)
         dtype = kernels.dtype_from_name(s0.dtype) if s0.kind != "barrier" else _I32
-        root_local = None if s0.root < 0 else next((r for r, g in self.global_rank.items() if g == s0.root), None)
+        root_local = self._local_rank_of(s0.root)
         if s0.kind == "broadcast" and self.engine is None and root_local is None:
             raise HFReduceError(f"broadcast root {s0.root} is not a rank of this node", seq=seq)
         engine_op, wdt, wcount = wire_layout(s0.kind, s0.op, dtype, s0.count)
@@ -540,6 +540,10 @@ class NodeComm:
             self.express_ops += 1
         self.express.start(op)
 
+    def _local_rank_of(self, root: int) -> int | None:
+        """The local rank of global rank ``root`` on this node (None: another node's, or no root)."""
+        return None if root < 0 else next((r for r, g in self.global_rank.items() if g == root), None)
+
     def _express_op(self, seq: int, s0: Submit, ordered: list[Submit]) -> XOp:
         """Express op ``seq``: this node's partial made (the local reduce) and where the result goes.
 
@@ -559,7 +563,7 @@ class NodeComm:
         # ranks' dtype and the op as given)
         named = dtype if kind in ("allreduce", "reduce") else wdt
         fpw: list[object] = [self.key, seq, engine_op, kernels.dtype_name(named), 0 if barrier else wcount, kind]
-        root = None if s0.root < 0 else next((r for r, g in self.global_rank.items() if g == s0.root), None)
+        root = self._local_rank_of(s0.root)
         done = self._express_done
         if barrier:
             return XOp(seq, fpw, np.zeros(0, _I32), [], narrow=False, redop="sum", divisor=1, on_done=done)
