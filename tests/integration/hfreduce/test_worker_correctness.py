@@ -151,25 +151,31 @@ def test_worker_same_bits_across_runs() -> None:
     assert list_segments() == []
 
 
+def _ranks_ok(nnodes: int, k: int, mode: str, timeout_s: float = 60) -> dict[int, dict]:
+    """Run rank program ``mode`` on a fresh ``nnodes`` x ``k`` cluster: every rank ends ok, every
+    worker exits 0, no shared memory is left behind; the ranks' outcomes."""
+    cluster = Cluster(nnodes, k, chunk="64k").start()
+    try:
+        res = cluster.ranks(mode, timeout_s=timeout_s).results()
+    finally:
+        codes = cluster.stop()
+    assert sorted(res) == list(range(nnodes * k)) and all(o["ok"] for o in res.values()), res
+    assert codes == [0] * nnodes
+    assert list_segments() == []
+    return res
+
+
 @pytest.mark.parametrize(("nnodes", "k"), [(2, 1), (3, 2)], ids=["2nodes-1rank", "3nodes-2ranks"])
 def test_small_ops_in_flight_by_the_thousand_are_posted_and_stay_in_order(nnodes: int, k: int) -> None:
     """1,500 small async allreduces (and broadcasts, barriers) in flight at once: the worker posts
     them (the thread that completes one releases its ranks and runs the next: no nesting, whatever
     the stream's length) and every result is right."""
-    cluster = Cluster(nnodes, k, chunk="64k").start()
-    try:
-        run = cluster.ranks("stream", timeout_s=120)
-        res = run.results()
-    finally:
-        codes = cluster.stop()
-    assert sorted(res) == list(range(nnodes * k)) and all(o["ok"] for o in res.values()), res
+    res = _ranks_ok(nnodes, k, "stream", timeout_s=120)
     for o in res.values():
         assert o["posted_ops"] > 1000, o
         # the allreduces (a third of the stream) take the express path: an exchange between two
         # nodes, up and down tree 0 beyond
         assert o["express_ops"] > 400, o
-    assert codes == [0] * nnodes
-    assert list_segments() == []
 
 
 @pytest.mark.parametrize(("nnodes", "k"), [(2, 2), (3, 2)], ids=["2nodes-2ranks", "3nodes-2ranks"])
@@ -178,16 +184,8 @@ def test_small_broadcasts_and_reduces_take_the_express_path_from_any_root(nnodes
     bfloat16 avg reduce and an int64 max reduce: the right bits where they belong, the other ranks'
     buffers untouched by a reduce, and every op went express (an exchange between two nodes, up and
     down tree 0 beyond)."""
-    cluster = Cluster(nnodes, k, chunk="64k").start()
-    try:
-        res = cluster.ranks("small_kinds", timeout_s=60).results()
-    finally:
-        codes = cluster.stop()
-    world = nnodes * k
-    assert sorted(res) == list(range(world)) and all(o["ok"] for o in res.values()), res
-    assert all(o["express_ops"] == 3 * world for o in res.values()), res
-    assert codes == [0] * nnodes
-    assert list_segments() == []
+    res = _ranks_ok(nnodes, k, "small_kinds")
+    assert all(o["express_ops"] == 3 * nnodes * k for o in res.values()), res
 
 
 @pytest.mark.parametrize(("nnodes", "k"), [(2, 1), (3, 2)], ids=["2nodes-1rank", "3nodes-2ranks"])
@@ -195,17 +193,10 @@ def test_barriers_take_the_express_path_and_release_nobody_before_the_last_arriv
     """Five barriers, rank ``r`` arriving ``r`` x 30 ms late at each: every rank leaves each barrier
     after the last one arrived, and the barriers went express (an exchange of nothing between two
     nodes, up and down tree 0 beyond)."""
-    cluster = Cluster(nnodes, k, chunk="64k").start()
-    try:
-        res = cluster.ranks("barriers", timeout_s=60).results()
-    finally:
-        codes = cluster.stop()
+    res = _ranks_ok(nnodes, k, "barriers")
     world = nnodes * k
-    assert sorted(res) == list(range(world)) and all(o["ok"] for o in res.values()), res
     for b in range(5):
         last_in = max(res[r]["times"][b][0] for r in range(world))
         for r in range(world):
             assert res[r]["times"][b][1] >= last_in, (b, r, res[r]["times"][b], last_in)
     assert all(o["express_ops"] == 5 for o in res.values()), res
-    assert codes == [0] * nnodes
-    assert list_segments() == []
