@@ -45,7 +45,7 @@ from . import kernels
 from .errors import CollectiveTimeout, FingerprintMismatch, HFReduceError, PeerLost
 from .express import ExpressBase, XOp
 from .express import eligible as express_eligible
-from .opexec import OpPlan, _WorkBuffers, execute, may_post, wire_layout
+from .opexec import OpPlan, _WorkBuffers, broadcast_words, execute, may_post, wire_layout
 from .protocol import Channel, Done, Failed, Hello, Submit, encode
 from .shm import Segment
 from .telemetry import OpRecord
@@ -568,17 +568,10 @@ class NodeComm:
         if barrier:
             return XOp(seq, fpw, np.zeros(0, _I32), [], narrow=False, redop="sum", divisor=1, on_done=done)
         if kind == "broadcast":
-            words = self.scratch.get(_I32, wcount)
             raw = [v.view(np.uint8) for v in views]
-            wbytes = words.view(np.uint8)
-            nbytes = s0.count * dtype.itemsize
-            if root is not None:
-                wbytes[:nbytes] = raw[root]
-                wbytes[nbytes:] = 0
-            else:
-                words[:] = 0
+            words = broadcast_words(self.scratch, None if root is None else raw[root], wcount)
             return XOp(seq, fpw, words, [r for i, r in enumerate(raw) if i != root], narrow=False, redop="sum",
-                       divisor=1, on_done=done, result=wbytes[:nbytes])
+                       divisor=1, on_done=done, result=words.view(np.uint8)[:s0.count * dtype.itemsize])
         carried = kernels.carried_dtype(dtype)
         narrow = carried != dtype
         redop = "sum" if s0.op == "avg" else s0.op

@@ -61,7 +61,7 @@ from ._op import Fuse
 from .copies import copy_into
 from .types import Fingerprint, OpStats
 
-__all__ = ["OpPlan", "execute", "may_post", "wire_layout"]
+__all__ = ["OpPlan", "broadcast_words", "execute", "may_post", "wire_layout"]
 
 _I32 = np.dtype(np.int32)
 
@@ -115,6 +115,17 @@ class _WorkBuffers:
         if zero:
             out[...] = 0
         return out
+
+
+def broadcast_words(scratch: _WorkBuffers, src: np.ndarray | None, words: int) -> np.ndarray:
+    """What a node contributes to a broadcast's int32 sum (:func:`wire_layout`): on the root's node
+    the root's bytes ``src`` (uint8), zero-padded to ``words`` whole words; zeros on every other."""
+    work = scratch.get(_I32, words, zero=src is None)
+    if src is not None:
+        wbytes = work.view(np.uint8)
+        wbytes[:src.nbytes] = src
+        wbytes[src.nbytes:] = 0
+    return work
 
 
 Done = Callable[[OpStats | None, dict[str, float]], None]
@@ -364,14 +375,13 @@ def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s:
         times["writeback_s"] = time.perf_counter() - t
         return None
     _, _, words = wire_layout("broadcast", "sum", plan.dtype, plan.count)
-    work = scratch.get(_I32, words, zero=root is None)
-    wbytes = work.view(np.uint8)
     if root is not None:
         on_phase("local_reduce")
-        t = time.perf_counter()
-        wbytes[:nbytes] = raw[root]
-        wbytes[nbytes:] = 0
+    t = time.perf_counter()
+    work = broadcast_words(scratch, None if root is None else raw[root], words)
+    if root is not None:
         times["local_reduce_s"] = time.perf_counter() - t
+    wbytes = work.view(np.uint8)
     targets = others if root is not None else raw
 
     def write(a: int, b: int) -> None:
