@@ -21,7 +21,11 @@ Data path per op (``K`` local ranks, ``n`` nodes, chunk = ``chunk_bytes``)::
 * **broadcast(root)** is bit-exact for every dtype (NaN payloads, -0.0 included): the
   buffer's bytes are viewed as zero-padded int32 words, the root's node contributes
   them, every other node zeros, and an int32 ``sum`` (exact, ``x + 0 == x``) runs
-  through the same engine.
+  through the same engine.  When the bytes are whole, aligned words the ranks' own
+  buffers carry it (the root's as the work buffer, elsewhere rank 0's, zeroed) and the
+  engine writes the other ranks' buffers itself: no copy into scratch, no write-back
+  (64 MiB over 2 x 1 and 4 x 1 on the thirty-eighth VM: 37-53 ms against 43-58 and
+  87-108 against 110-129 in five alternating pairs each, faster in 9 of 10).
 * **barrier** is a one-element int32 sum when there is more than one node; locally the
   arrival wait already is the barrier.
 
@@ -359,6 +363,14 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
     return None
 
 
+def _as_words(raw: Sequence[np.ndarray], words: int) -> list[np.ndarray]:
+    """The ranks' byte buffers as int32 words, if each is exactly ``words`` whole words at an
+    aligned address (a broadcast's layout without its padding); otherwise ``[]``."""
+    if not raw or any(r.nbytes != words * 4 or r.ctypes.data % 4 for r in raw):
+        return []
+    return [r.view(_I32) for r in raw]
+
+
 def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: float | None,
                scratch: _WorkBuffers, writer: ThreadPoolExecutor, on_phase: Callable[[str], None],
                times: dict[str, float], done: Callable[[OpStats], None], post: bool) -> OpStats | None:
@@ -375,6 +387,18 @@ def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s:
         times["writeback_s"] = time.perf_counter() - t
         return None
     _, _, words = wire_layout("broadcast", "sum", plan.dtype, plan.count)
+    ints = _as_words(raw, words)
+    if ints and engine.can_stream(ints[0]):
+        # whole, aligned words: the ranks' own buffers carry the op, and the engine's block loops
+        # write every other rank's buffer themselves (no copy into scratch, no write-back). On the
+        # root's node the root's buffer is the work buffer as it is (every word it holds is already
+        # the result: x + 0 == x), elsewhere rank 0's, zeroed first (its old bytes are overwritten)
+        if root is None:
+            ints[0][...] = 0
+        work = ints[0 if root is None else root]
+        on_phase("tree")
+        return _run_tree(engine, work, "sum", fp, deadline_s, None, writer, times, done,
+                         inputs=[work], mirrors=[x for x in ints if x is not work], post=post)
     if root is not None:
         on_phase("local_reduce")
     t = time.perf_counter()
