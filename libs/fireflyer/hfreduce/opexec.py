@@ -22,10 +22,12 @@ Data path per op (``K`` local ranks, ``n`` nodes, chunk = ``chunk_bytes``)::
   buffer's bytes are viewed as zero-padded int32 words, the root's node contributes
   them, every other node zeros, and an int32 ``sum`` (exact, ``x + 0 == x``) runs
   through the same engine.  When the bytes are whole, aligned words the ranks' own
-  buffers carry it (the root's as the work buffer, elsewhere rank 0's, zeroed) and the
-  engine writes the other ranks' buffers itself: no copy into scratch, no write-back
-  (64 MiB over 2 x 1 and 4 x 1 on the thirty-eighth VM: 37-53 ms against 43-58 and
-  87-108 against 110-129 in five alternating pairs each, faster in 9 of 10).
+  buffers carry it (the root's as the work buffer, elsewhere rank 0's, with untouched
+  zeros as the input) and the engine writes the other ranks' buffers itself: no copy
+  into scratch, no write-back (64 MiB over 2 x 1 and 4 x 1 on the thirty-eighth VM:
+  37-53 ms against 43-58 and 87-108 against 110-129 in five alternating pairs each,
+  faster in 9 of 10; the untouched zeros instead of zeroing rank 0's buffer: 4 x 1
+  77-84 ms against 86-89, three pairs).
 * **barrier** is a one-element int32 sum when there is more than one node; locally the
   arrival wait already is the barrier.
 
@@ -109,6 +111,7 @@ class _WorkBuffers:
 
     def __init__(self) -> None:
         self._bufs: dict[np.dtype, np.ndarray] = {}
+        self._zeros: dict[np.dtype, np.ndarray] = {}
 
     def get(self, dtype: np.dtype, count: int, *, zero: bool = False) -> np.ndarray:
         buf = self._bufs.get(dtype)
@@ -119,6 +122,16 @@ class _WorkBuffers:
         if zero:
             out[...] = 0
         return out
+
+    def zeros(self, dtype: np.dtype, count: int) -> np.ndarray:
+        """``count`` zeros, read-only, that cost neither memory nor bandwidth: a calloc'd buffer
+        never written, whose pages all map the kernel's one zero page (reads hit the cache)."""
+        z = self._zeros.get(dtype)
+        if z is None or z.size < count:
+            z = np.zeros(max(count, 1), dtype=dtype)
+            z.flags.writeable = False
+            self._zeros[dtype] = z
+        return z[:count]
 
 
 def broadcast_words(scratch: _WorkBuffers, src: np.ndarray | None, words: int) -> np.ndarray:
@@ -391,14 +404,14 @@ def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s:
     if ints and engine.can_stream(ints[0]):
         # whole, aligned words: the ranks' own buffers carry the op, and the engine's block loops
         # write every other rank's buffer themselves (no copy into scratch, no write-back). On the
-        # root's node the root's buffer is the work buffer as it is (every word it holds is already
-        # the result: x + 0 == x), elsewhere rank 0's, zeroed first (its old bytes are overwritten)
-        if root is None:
-            ints[0][...] = 0
+        # root's node the root's buffer is the work buffer and the input as it is (every word it
+        # holds is already the result: x + 0 == x); elsewhere rank 0's is the work buffer and the
+        # input is zeros that are never written (they read the kernel's zero page)
         work = ints[0 if root is None else root]
         on_phase("tree")
         return _run_tree(engine, work, "sum", fp, deadline_s, None, writer, times, done,
-                         inputs=[work], mirrors=[x for x in ints if x is not work], post=post)
+                         inputs=[work if root is not None else scratch.zeros(_I32, words)],
+                         mirrors=[x for x in ints if x is not work], post=post)
     if root is not None:
         on_phase("local_reduce")
     t = time.perf_counter()
