@@ -32,8 +32,9 @@ number, starting at 0 and the same on all nodes; ``meta`` as listed)::
     hfr.wait   any direction     {}   "I have started op rid" (sent only once an op is slow)
     hfr.abort  any direction     {"origin", "reason", "culprit", "error"}   flooded once
     hfr.xchg   root -> child     two nodes, a small op that is not an express one: the root's partial
-    hfr.x      either way        an express allreduce (two nodes: :mod:`.express`; more, on tree 0:
-                                 :mod:`.express_tree`; ``rid`` is the communicator's op number, not ours)
+    hfr.x      either way        an express op: a small allreduce, reduce or broadcast, or a barrier
+                                 (two nodes: :mod:`.express`; more, on tree 0: :mod:`.express_tree`;
+                                 ``rid`` is the communicator's op number, not ours)
 
 A streamed op's payloads are its blocks, each followed by an 8-byte marker (``_blocks``).
 
@@ -222,7 +223,7 @@ class NodeEngine(Pipeline, Streaming, Ringing):
         #: called (no arguments, no lock held) once the engine failed: a posted op may have nobody
         #: waiting for it (:meth:`post`), so its owner needs telling
         self.on_failure: Callable[[], None] | None = None
-        #: the express path of small allreduces (two nodes: :mod:`.express`; more:
+        #: the express path of small ops (two nodes: :mod:`.express`; more:
         #: :mod:`.express_tree`), made by :meth:`start` before the readers, which hand it its
         #: ``hfr.x`` frames
         self.express: ExpressBase | None = None

@@ -1,4 +1,4 @@
-"""Small allreduces between two nodes: one frame each way, and as little Python as it takes.
+"""Small ops between two nodes: one frame each way, and as little Python as it takes.
 
 (Beyond two nodes the same lean path runs on tree 0 alone: :mod:`.express_tree`.  Barriers take
 it too, as an exchange of an empty partial: on the thirty-seventh VM a 2-node barrier took 63-65

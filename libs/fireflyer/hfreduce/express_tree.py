@@ -1,4 +1,4 @@
-"""Small allreduces over three or more nodes: up and down tree 0, with the express path's lean code.
+"""Small ops over three or more nodes: up and down tree 0, with the express path's lean code.
 
 Two nodes exchange their partials in one hop (:mod:`.express`).  Beyond two, a small op on the
 engine's general path pays for machinery built for large ones -- layouts, ring slots, step

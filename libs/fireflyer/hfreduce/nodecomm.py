@@ -133,7 +133,7 @@ class NodeComm:
         self.posted_ops = 0
         #: of those, the ops that took the express path (:mod:`.express`, :mod:`.express_tree`)
         self.express_ops = 0
-        #: the lean path of small allreduces (set once the engine is connected)
+        #: the lean path of small ops (set once the engine is connected)
         self.express: ExpressBase | None = None
         self.closing = False
         self.engine: Any = None
@@ -498,7 +498,7 @@ class NodeComm:
                 plain = plain or encode(Done(seq=seq))  # one encoding for all the ranks
                 self.conns[r].send_encoded(plain)
 
-    # -- the express path (small allreduces: .express, .express_tree) ---------------------------
+    # -- the express path (small ops: .express, .express_tree) ----------------------------------
 
     def _express_subs(self, subs: dict[int, tuple[Submit, float, float]]) -> bool:
         """Does the op of these submits take the express path?  (Local rank 0's says: ranks that
