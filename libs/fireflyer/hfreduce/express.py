@@ -153,7 +153,7 @@ class XOp:
         """The op's telemetry, its whole time as tree 0's up phase (the only one an express op
         has), with each peer's traffic; the kind the fingerprint names."""
         took = _mono() - self.t0
-        return OpStats(seq=self.seq, kind=str(self.fpw[-1]), nbytes=self.ours.nbytes,
+        return OpStats(seq=self.seq, kind=self.fingerprint().kind, nbytes=self.ours.nbytes,
                        trees=[TreeStats(up_s=took), TreeStats()], peers=peers,
                        started_at=self.started_at, finished_at=self.started_at + took)
 

@@ -42,6 +42,7 @@ from fireflyer.core.errors import FireFlyerError, InvalidArgument
 from fireflyer.core.log import get_logger
 
 from . import kernels
+from ._op import fp_wire
 from .errors import CollectiveTimeout, FingerprintMismatch, HFReduceError, PeerLost
 from .express import ExpressBase, XOp
 from .express import eligible as express_eligible
@@ -409,12 +410,7 @@ class NodeComm:
         root_local = self._local_rank_of(s0.root)
         if s0.kind == "broadcast" and self.engine is None and root_local is None:
             raise HFReduceError(f"broadcast root {s0.root} is not a rank of this node", seq=seq)
-        engine_op, wdt, wcount = wire_layout(s0.kind, s0.op, dtype, s0.count)
-        # an allreduce / reduce names the ranks' dtype: a node reducing bfloat16 and one reducing
-        # float32 carry the same float32 partials, and only the fingerprint tells them apart
-        named = dtype if s0.kind in ("allreduce", "reduce") else wdt
-        fp = Fingerprint(comm=self.key, seq=seq, op=engine_op, dtype=kernels.dtype_name(named), count=wcount,
-                         kind=s0.kind)
+        fp = self._fingerprint(seq, s0, dtype)
         if self.express is not None:  # (the peer must not have sent this op express: a mismatch)
             self.express.engine_op(seq, fp)
         plan = OpPlan(kind=s0.kind, op=s0.op, dtype=dtype, count=s0.count, views=views,
@@ -540,6 +536,22 @@ class NodeComm:
             self.express_ops += 1
         self.express.start(op)
 
+    def _fingerprint(self, seq: int, s0: Submit, dtype: np.dtype, *, express: bool = False) -> Fingerprint:
+        """What op ``seq`` is, as every node must agree on it, on the engine and the express path alike.
+
+        The op, dtype and count are the engine's (a broadcast travels as int32 words; a barrier
+        on the ``express`` path carries no data: count 0) except that an allreduce or reduce names the ranks' dtype:
+        a node reducing bfloat16 and one reducing float32 carry the same float32 partials, and
+        only the fingerprint tells them apart.  A reduce or broadcast names its root: nodes that
+        disagree on it would run the same bytes and end with the result in different places.
+        """
+        kind = s0.kind
+        engine_op, wdt, wcount = wire_layout(kind, s0.op, dtype, s0.count)
+        named = dtype if kind in ("allreduce", "reduce") else wdt
+        return Fingerprint(comm=self.key, seq=seq, op=engine_op, dtype=kernels.dtype_name(named),
+                           count=0 if kind == "barrier" and express else wcount, kind=kind,
+                           root=s0.root if kind in ("reduce", "broadcast") else -1)
+
     def _local_rank_of(self, root: int) -> int | None:
         """The local rank of global rank ``root`` on this node (None: another node's, or no root)."""
         return None if root < 0 else next((r for r, g in self.global_rank.items() if g == root), None)
@@ -558,11 +570,8 @@ class NodeComm:
         barrier = kind == "barrier"
         views = [] if barrier else self._views(seq, ordered)
         dtype = _I32 if barrier else kernels.dtype_from_name(s0.dtype)
-        engine_op, wdt, wcount = wire_layout(kind, s0.op, dtype, s0.count)
-        # the fingerprint the engine path would carry for it (an allreduce's and a reduce's names the
-        # ranks' dtype and the op as given)
-        named = dtype if kind in ("allreduce", "reduce") else wdt
-        fpw: list[object] = [self.key, seq, engine_op, kernels.dtype_name(named), 0 if barrier else wcount, kind]
+        _, _, wcount = wire_layout(kind, s0.op, dtype, s0.count)
+        fpw = fp_wire(self._fingerprint(seq, s0, dtype, express=True))
         root = self._local_rank_of(s0.root)
         done = self._express_done
         if barrier:

@@ -18,7 +18,10 @@ class Fingerprint(msgspec.Struct, frozen=True):
     """What a collective is: all nodes of a communicator must agree on every field.
 
     ``count`` is the element count of the whole buffer, ``dtype`` its numpy name
-    (``float32``, ``bfloat16`` ...), ``seq`` the per-communicator op number.
+    (``float32``, ``bfloat16`` ...), ``seq`` the per-communicator op number, ``root`` the
+    global rank a reduce or broadcast names (-1 for other kinds): nodes that disagree on it
+    would otherwise run the same bytes and end with the result in different places, or with
+    several nodes' data summed into a broadcast.
     """
 
     comm: str
@@ -27,9 +30,11 @@ class Fingerprint(msgspec.Struct, frozen=True):
     dtype: str
     count: int
     kind: str = "allreduce"
+    root: int = -1
 
     def __str__(self) -> str:
-        return f"{self.kind}#{self.seq}({self.op}, {self.dtype}, {self.count} el, comm {self.comm})"
+        root = f", root {self.root}" if self.root >= 0 else ""
+        return f"{self.kind}#{self.seq}({self.op}, {self.dtype}, {self.count} el{root}, comm {self.comm})"
 
 
 class TreeStats(msgspec.Struct):

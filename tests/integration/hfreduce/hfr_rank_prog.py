@@ -186,6 +186,15 @@ def _run(mode: str, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
         _mark()
         comm.broadcast(np.ones(args.count + comm.node_rank, np.float32), 0)
         return {}
+    if mode in ("bcast_root_by_node", "reduce_root_by_node"):  # each node names its own first rank as root
+        root = comm.rank - comm.local_rank
+        x = np.full(args.count, comm.rank + 1, np.float32)
+        _mark()
+        if mode == "bcast_root_by_node":
+            comm.broadcast(x, root)
+        else:
+            comm.reduce(x, root)
+        return {}
     if mode == "one_more_on_node1":  # node 1's ranks run one op more; node 0's close meanwhile
         comm.allreduce(np.ones(10, np.float32))
         if comm.node_rank == 1:

@@ -95,6 +95,21 @@ def test_worker_nodes_disagreeing_on_a_small_broadcasts_size_raise_a_mismatch_ev
     _mismatch_on_every_rank("bcast_count_by_node", count, f"{count} el", f"{count + 1} el")
 
 
+@pytest.mark.parametrize("count", [1000, 40000])  # the express path, the engine's (streamed)
+@pytest.mark.parametrize("kind", ["bcast", "reduce"])
+@pytest.mark.parametrize("nnodes", [2, 3])  # three nodes: the tree express path, and the ring for 40,000
+def test_worker_nodes_disagreeing_on_a_root_raise_a_mismatch_everywhere(kind: str, count: int, nnodes: int) -> None:
+    """Each node's ranks name their own node's first rank as the root.  The nodes would run the
+    same bytes: a broadcast would sum two nodes' data, a reduce would land on a rank of each node,
+    and every rank would return as if all were well.  The root is in the fingerprint, so every
+    rank is told both roots instead."""
+    k = 2 if nnodes == 2 else 1
+    res = _mismatch_on_every_rank(f"{kind}_root_by_node", count, nnodes=nnodes)
+    for r in range(nnodes * k):
+        msg = res[r]["message"]
+        assert sum(f"{count} el, root {node * k}," in msg for node in range(nnodes)) == 2, msg
+
+
 def test_worker_three_nodes_disagreeing_on_a_small_ops_size_raise_a_mismatch_everywhere() -> None:
     """Node ``i`` reduces 1,000 + ``i`` elements: on three nodes the small op goes up tree 0, and
     the first node to compare fingerprints fails every engine; every rank is told both."""

@@ -90,9 +90,13 @@ def close_all(engines: Sequence[NodeEngine | None]) -> None:
 
 def odd_one_out(what: str, n: int, bad: int, count: int) -> tuple[list[np.ndarray], list[Fingerprint]]:
     """``n`` float32 buffers of ones and their fingerprints, node ``bad``'s differing in ``what``:
-    ``count`` (one element fewer), ``small`` (10 elements), ``dtype`` (int32), ``seq`` or ``op`` (max)."""
+    ``count`` (one element fewer), ``small`` (10 elements), ``dtype`` (int32), ``seq``, ``op`` (max)
+    or ``root`` (every node runs a reduce, node ``bad`` naming another root: the same bytes)."""
     arrs = [np.ones(count, dtype=np.float32) for _ in range(n)]
     fps = [Fingerprint("c", 7, "sum", "float32", count) for _ in range(n)]
+    if what == "root":
+        fps = [Fingerprint("c", 7, "sum", "float32", count, "reduce", 1 if i == bad else 0) for i in range(n)]
+        return arrs, fps
     if what in ("count", "small"):
         c = count - 1 if what == "count" else 10
         arrs[bad] = np.ones(c, dtype=np.float32)

@@ -21,7 +21,7 @@ from fireflyer.hfreduce.types import Fingerprint, OpStats
 
 
 @pytest.mark.parametrize("count", [1000, 20000])  # one chunk per tree (inline path), many chunks
-@pytest.mark.parametrize("what", ["count", "dtype", "seq", "op"])
+@pytest.mark.parametrize("what", ["count", "dtype", "seq", "op", "root"])
 @pytest.mark.parametrize("n", [4, 2])  # two nodes: small ops are an exchange, checked on both sides
 def test_fingerprint_mismatch_fails_every_node(what: str, count: int, n: int) -> None:
     bad = n // 2

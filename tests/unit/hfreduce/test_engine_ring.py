@@ -234,7 +234,7 @@ def test_algorithm_is_checked() -> None:
 # ---------------------------------------------------------------------------- failures
 
 
-@pytest.mark.parametrize("what", ["count", "dtype", "seq", "op", "small"])
+@pytest.mark.parametrize("what", ["count", "dtype", "seq", "op", "small", "root"])
 def test_a_mismatch_in_a_ring_op_fails_every_node_naming_the_odd_one(what: str) -> None:
     n, bad, count = 4, 2, 20000
     engines = make_engines(n, **RING)
