@@ -87,7 +87,8 @@ class OpState:
     __slots__ = ("k", "fp", "wire_fp", "work", "wbytes", "isz", "redop", "avg_divisor", "on_final", "fill", "fuse",
                  "fused", "layouts", "filled", "up_done", "final", "up_sending", "inline", "claimed", "exchange", "xsent",
                  "xclaimed", "status_sent", "remaining", "complete", "result", "on_done", "t0", "started_at",
-                 "up_end", "down_end", "sent_b", "recv_b", "io_s", "stream", "reduce_s", "copyout_s", "ring")
+                 "up_end", "down_end", "sent_b", "recv_b", "io_s", "stream", "reduce_s", "copyout_s", "ring",
+                 "bcast")
 
     def __init__(self, k: int, fp: Fingerprint, work: np.ndarray, redop: str, avg_divisor: int,
                  on_final: Callable[[int, int], None] | None, chunk_bytes: int, nlinks: int,
@@ -112,6 +113,8 @@ class OpState:
         self.stream: Any = None
         #: a ring op's plan and progress (``_ring.RingOp``): the op goes around the ring, not the trees
         self.ring: Any = None
+        #: a broadcast's routing and progress (``_bcast.BcastOp``): the root's data flooded over the trees
+        self.bcast: Any = None
         #: seconds of the block loops in reduce kernels and in copies to the mirrors
         self.reduce_s = 0.0
         self.copyout_s = 0.0

@@ -47,11 +47,13 @@ from fireflyer.wire.frame import Request
 if TYPE_CHECKING:
     from fireflyer.hfreduce.engine import NodeEngine
 
-__all__ = ["Pipeline", "UP", "DOWN", "WAIT", "ABORT", "XCHG", "RING", "RING_TREE"]
+__all__ = ["Pipeline", "UP", "DOWN", "WAIT", "ABORT", "XCHG", "BCAST", "RING", "RING_TREE"]
 
 _log = get_logger("fireflyer.hfreduce.engine")
 
 UP, DOWN, WAIT, ABORT, XCHG = "hfr.up", "hfr.down", "hfr.wait", "hfr.abort", "hfr.xchg"
+#: a large broadcast's announcement or chunk (:mod:`._bcast`)
+BCAST = "hfr.bc"
 #: a ring op's piece (:mod:`._ring`), and the tree index of the ring's links
 RING = "hfr.r"
 RING_TREE = 2
@@ -312,6 +314,11 @@ class Pipeline:
         last = -1
         try:
             while (st := self._wait_op(last)) is not None:
+                if st.bcast is not None:  # a broadcast: this thread is the parent link's writer
+                    if (parent := self._parent[t]) is not None:
+                        self._bcast_send(st, parent, t)
+                    last = st.k
+                    continue
                 for c in range(0 if st.ring is not None else st.layouts[t].nchunks):  # (a ring op: none)
                     with self._mu:
                         while self._failure is None and (st.filled[t] <= c or not self._parks_ready(t)):
@@ -384,6 +391,10 @@ class Pipeline:
             while (st := self._wait_op(last)) is not None:
                 with self._mu:
                     lk.sent = 0
+                if st.bcast is not None:
+                    self._bcast_send(st, lk, t)
+                    last = st.k
+                    continue
                 if st.stream is not None or st.ring is not None:  # its block loops (or the ring) send the
                     last = st.k  # final chunks themselves
                     continue
@@ -469,6 +480,8 @@ class Pipeline:
                         if hdr.op != RING or lk is not self._ring_prev:
                             raise ProtocolError(f"{hdr.op} frame on the ring link with {lk.name()}", reason="bad_frame")
                         self._ring_recv(lk, hdr, plen)
+                    elif hdr.op == BCAST:
+                        self._recv_bcast(lk, hdr, plen)
                     elif hdr.op == UP and lk.role == CHILD and hdr.meta.get("p"):
                         self._park(lk, hdr, plen)
                     elif hdr.op == UP and lk.role == CHILD:
@@ -496,6 +509,8 @@ class Pipeline:
         us (or a peer of a node that never calls) is received without waiting.
         """
         st = self._recv_slot(lk, hdr, plen)
+        if self._bcast_clash(st, lk, hdr):
+            return
         with self._mu:
             claimed = st is not None and self._claim_up(st, lk.tree)
             if not claimed:
@@ -507,6 +522,8 @@ class Pipeline:
     def _recv_xchg(self: NodeEngine, lk: Link, hdr: Request, plen: int) -> None:
         """The root's partial of a two-node exchange: into the parent link's ring, reduced here if we may."""
         st = self._recv_slot(lk, hdr, plen)
+        if self._bcast_clash(st, lk, hdr):
+            return
         with self._mu:
             claimed = st is not None and self._claim_xchg(st)
         if claimed:

@@ -186,6 +186,8 @@ class Streaming:
             st = self._op
             if st is not None and self._in_op and st.inline and hdr.rid == st.k:
                 self._parked_mismatch(st, lk, p)  # a threaded op's frame for the small op we run
+            if st is not None and st.bcast is not None and hdr.rid == st.k:
+                raise self.peer_mismatch(lk.peer, str(st.fp), p.fp)  # an up chunk for the broadcast we run
             # (a later op's frame -- the child is ahead of us -- waits for that op's up thread)
             lk.park = p
             self._progress_at = time.monotonic()

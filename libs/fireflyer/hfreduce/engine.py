@@ -32,6 +32,8 @@ number, starting at 0 and the same on all nodes; ``meta`` as listed)::
     hfr.wait   any direction     {}   "I have started op rid" (sent only once an op is slow)
     hfr.abort  any direction     {"origin", "reason", "culprit", "error"}   flooded once
     hfr.xchg   root -> child     two nodes, a small op that is not an express one: the root's partial
+    hfr.bc     away from / toward a large broadcast's root: its announcement, chunks, ack and done
+                                 (:mod:`._bcast`: the root's bytes flooded over both trees)
     hfr.x      either way        an express op: a small allreduce, reduce or broadcast, or a barrier
                                  (two nodes: :mod:`.express`; more, on tree 0: :mod:`.express_tree`;
                                  ``rid`` is the communicator's op number, not ours)
@@ -86,6 +88,7 @@ from fireflyer.core.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from fireflyer.core.log import get_logger
 from fireflyer.core.threadname import set_os_thread_name
 from fireflyer.hfreduce import kernels
+from fireflyer.hfreduce._bcast import Broadcasting
 from fireflyer.hfreduce._blocks import BLOCK_BYTES
 from fireflyer.hfreduce._links import CHILD, PARENT, Acceptor, Link, dial, parse_address
 from fireflyer.hfreduce._op import Fuse, OpState, divide_inplace
@@ -119,7 +122,7 @@ EXPLAIN_S = 1.0
 LINGER_S = 1.0
 
 
-class NodeEngine(Pipeline, Streaming, Ringing):
+class NodeEngine(Pipeline, Streaming, Ringing, Broadcasting):
     """The inter-node allreduce of one node (see the module docstring for the protocol).
 
     ``addresses[i]`` is node ``i``'s engine listener (``host:port``); ``zones[i]``
@@ -698,6 +701,8 @@ class NodeEngine(Pipeline, Streaming, Ringing):
         """(peer, tree, phase, chunk, how) for every peer this op waits on (under the lock)."""
         if st.ring is not None:
             return self._ring_blame(st)
+        if st.bcast is not None:
+            return self._bcast_blame(st)
         out = self._stream_waits(st) if st.stream is not None else []
         if out:  # a block loop is blocked in a socket call: that peer, precisely
             return out
@@ -728,7 +733,7 @@ class NodeEngine(Pipeline, Streaming, Ringing):
         what = f"sent nothing for {waited:.1f} s" if how == "recv" else f"took no data for {waited:.1f} s"
         note = " and never started this op" if culprits else ""
         where = (f"in the ring's {phase} phase, frame {chunk}" if tree == RING_TREE
-                 else f"in tree {tree} {phase} phase, chunk {chunk}")
+                 else f"in tree {tree} {phase} phase" + (f", chunk {chunk}" if chunk >= 0 else ""))
         return CollectiveTimeout(
             f"{st.fp} on {self.who(self.node)}: {who} {what}{note}, {where} (waiting for nodes {missing or '-'})",
             node=self.node, peer=peer, tree=tree, phase=phase, chunk=chunk, seq=st.fp.seq,

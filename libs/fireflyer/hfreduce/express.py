@@ -256,6 +256,12 @@ class ExpressBase:
         op = self._op
         return op is not None and op.seq == seq and not op.done
 
+    def running_fingerprint(self, seq: int) -> str | None:
+        """The fingerprint of op ``seq`` if it is running here (without the lock: the engine asks
+        while a reader waits for an engine op that a peer has started and this node has not)."""
+        op = self._op
+        return str(op.fingerprint()) if op is not None and op.seq == seq and not op.done else None
+
     def wait(self, seq: int, deadline_s: float) -> None:
         """The op thread's watch over a slow op (``deadline_s`` counts from its start): return
         once it finished; raise the engine's failure, or a timeout blaming the peer."""

@@ -18,16 +18,17 @@ Data path per op (``K`` local ranks, ``n`` nodes, chunk = ``chunk_bytes``)::
   receives into it): the write-back makes K - 1 copies, and with one local rank none.
 * **reduce(root)** runs the allreduce and writes only the root's buffer; other ranks'
   buffers are left as they were.
-* **broadcast(root)** is bit-exact for every dtype (NaN payloads, -0.0 included): the
-  buffer's bytes are viewed as zero-padded int32 words, the root's node contributes
-  them, every other node zeros, and an int32 ``sum`` (exact, ``x + 0 == x``) runs
-  through the same engine.  When the bytes are whole, aligned words the ranks' own
-  buffers carry it (the root's as the work buffer, elsewhere rank 0's, with untouched
-  zeros as the input) and the engine writes the other ranks' buffers itself: no copy
-  into scratch, no write-back (64 MiB over 2 x 1 and 4 x 1 on the thirty-eighth VM:
-  37-53 ms against 43-58 and 87-108 against 110-129 in five alternating pairs each,
-  faster in 9 of 10; the untouched zeros instead of zeroing rank 0's buffer: 4 x 1
-  77-84 ms against 86-89, three pairs).
+* **broadcast(root)** is bit-exact for every dtype (NaN payloads, -0.0 included).  One larger
+  than an inline op (``engine.can_bcast``) is the engine's own broadcast: the root's bytes as
+  they are, flooded over both trees, each edge carrying them once (:mod:`._bcast`), into the
+  root's buffer's twin on every node (rank 0's), then copied to the node's other ranks as each
+  range lands.  A smaller one (the express path takes most of those) goes through the
+  allreduce: the buffer's bytes are viewed as zero-padded int32 words, the root's node
+  contributes them, every other node zeros, and an int32 ``sum`` (exact, ``x + 0 == x``)
+  runs through the same engine.  Larger ones went that way too until the engine's broadcast,
+  which moves half the bytes: 64 MiB on the thirty-ninth VM, launches of the two alternating,
+  2 x 1 15.0-41.5 ms against 46.3-53.3, 4 x 1 40.9-51.9 against 77.3-92.4, 2 x 4 23.3-58.5
+  against 35.1-58.3 (faster in 5 of 7), 3 x 2 36.2-65.8 against 53.9-78.0.
 * **barrier** is a one-element int32 sum when there is more than one node; locally the
   arrival wait already is the barrier.
 
@@ -111,7 +112,6 @@ class _WorkBuffers:
 
     def __init__(self) -> None:
         self._bufs: dict[np.dtype, np.ndarray] = {}
-        self._zeros: dict[np.dtype, np.ndarray] = {}
 
     def get(self, dtype: np.dtype, count: int, *, zero: bool = False) -> np.ndarray:
         buf = self._bufs.get(dtype)
@@ -122,16 +122,6 @@ class _WorkBuffers:
         if zero:
             out[...] = 0
         return out
-
-    def zeros(self, dtype: np.dtype, count: int) -> np.ndarray:
-        """``count`` zeros, read-only, that cost neither memory nor bandwidth: a calloc'd buffer
-        never written, whose pages all map the kernel's one zero page (reads hit the cache)."""
-        z = self._zeros.get(dtype)
-        if z is None or z.size < count:
-            z = np.zeros(max(count, 1), dtype=dtype)
-            z.flags.writeable = False
-            self._zeros[dtype] = z
-        return z[:count]
 
 
 def broadcast_words(scratch: _WorkBuffers, src: np.ndarray | None, words: int) -> np.ndarray:
@@ -228,8 +218,10 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
               times: dict[str, float], done: Callable[[OpStats], None], avg_divisor: int | None = None,
               fill: Callable[[int, int], None] | None = None, fuse: Fuse | None = None,
               local_reduce: Callable[[], float] | None = None, post: bool = False,
-              inputs: Sequence[np.ndarray] | None = None, mirrors: Sequence[np.ndarray] = ()) -> OpStats:
-    """engine.allreduce with write-back of each final range on the writer thread.
+              inputs: Sequence[np.ndarray] | None = None, mirrors: Sequence[np.ndarray] = (),
+              bcast_root: bool | None = None) -> OpStats:
+    """engine.allreduce (or, with ``bcast_root``, engine.broadcast: does this node hold the root?)
+    with write-back of each final range on the writer thread.
 
     When every final range is small enough to be written on the engine thread that
     reports it, the op is complete as soon as the engine says so: ``done`` runs there.
@@ -273,8 +265,13 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
         kw: dict[str, Any] = {"fill": fill, "fuse": fuse} if fill is not None else {}
         if inputs is not None:
             kw = {"inputs": inputs, "mirrors": mirrors}
-        stats = engine.allreduce(work, op, fp, on_final=None if write is None else on_final, deadline_s=deadline_s,
-                                 avg_divisor=avg_divisor, on_done=engine_done if early else None, **kw)
+        if bcast_root is not None:
+            stats = engine.broadcast(work, fp, root=bcast_root, on_final=None if write is None else on_final,
+                                     deadline_s=deadline_s, on_done=engine_done if early else None)
+        else:
+            stats = engine.allreduce(work, op, fp, on_final=None if write is None else on_final,
+                                     deadline_s=deadline_s, avg_divisor=avg_divisor,
+                                     on_done=engine_done if early else None, **kw)
     finally:
         # the next op reuses the buffers: no write may still be running when we return
         failures = [f.exception() for f in list(futures)]
@@ -376,14 +373,6 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
     return None
 
 
-def _as_words(raw: Sequence[np.ndarray], words: int) -> list[np.ndarray]:
-    """The ranks' byte buffers as int32 words, if each is exactly ``words`` whole words at an
-    aligned address (a broadcast's layout without its padding); otherwise ``[]``."""
-    if not raw or any(r.nbytes != words * 4 or r.ctypes.data % 4 for r in raw):
-        return []
-    return [r.view(_I32) for r in raw]
-
-
 def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: float | None,
                scratch: _WorkBuffers, writer: ThreadPoolExecutor, on_phase: Callable[[str], None],
                times: dict[str, float], done: Callable[[OpStats], None], post: bool) -> OpStats | None:
@@ -399,19 +388,20 @@ def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s:
             copy_into([r[a:b] for r in others], src[a:b])
         times["writeback_s"] = time.perf_counter() - t
         return None
-    _, _, words = wire_layout("broadcast", "sum", plan.dtype, plan.count)
-    ints = _as_words(raw, words)
-    if ints and engine.can_stream(ints[0]):
-        # whole, aligned words: the ranks' own buffers carry the op, and the engine's block loops
-        # write every other rank's buffer themselves (no copy into scratch, no write-back). On the
-        # root's node the root's buffer is the work buffer and the input as it is (every word it
-        # holds is already the result: x + 0 == x); elsewhere rank 0's is the work buffer and the
-        # input is zeros that are never written (they read the kernel's zero page)
-        work = ints[0 if root is None else root]
+    if engine.can_bcast(nbytes):
+        # the root's bytes flooded over the trees as they are (``_bcast``: every edge carries them
+        # once, nothing is added): the root's buffer is the engine's on its node, rank 0's elsewhere,
+        # and the write-back copies each range to this node's other ranks as it lands
+        work = raw[0 if root is None else root]
+        targets = [r for r in raw if r is not work]
+
+        def copy_out(a: int, b: int) -> None:
+            copy_into([r[a:b] for r in targets], work[a:b])
+
         on_phase("tree")
-        return _run_tree(engine, work, "sum", fp, deadline_s, None, writer, times, done,
-                         inputs=[work if root is not None else scratch.zeros(_I32, words)],
-                         mirrors=[x for x in ints if x is not work], post=post)
+        return _run_tree(engine, work, "sum", fp, deadline_s, copy_out if targets else None, writer, times, done,
+                         bcast_root=root is not None)
+    _, _, words = wire_layout("broadcast", "sum", plan.dtype, plan.count)
     if root is not None:
         on_phase("local_reduce")
     t = time.perf_counter()

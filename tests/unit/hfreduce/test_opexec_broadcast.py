@@ -18,12 +18,3 @@ def test_the_roots_bytes_are_padded_with_zeros_and_other_nodes_give_zeros_even_i
     assert got.view(np.uint8).tolist() == [1, 2, 3, 4, 5, 6, 0, 0]
     scratch.get(np.dtype(np.int32), 16)[:] = -1
     assert broadcast_words(scratch, None, words).tolist() == [0, 0]
-
-
-def test_the_zeros_a_broadcast_reads_elsewhere_are_read_only_and_grow() -> None:
-    scratch = _WorkBuffers()
-    z = scratch.zeros(np.dtype(np.int32), 10)
-    assert z.tolist() == [0] * 10 and not z.flags.writeable
-    big = scratch.zeros(np.dtype(np.int32), 1 << 20)
-    assert big.size == 1 << 20 and not big.any() and not big.flags.writeable
-    assert scratch.zeros(np.dtype(np.int32), 5).size == 5
