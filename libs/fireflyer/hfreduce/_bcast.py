@@ -119,25 +119,11 @@ class Broadcasting:
         """
         if fp.kind != "broadcast":
             raise InvalidArgument(f"broadcast() needs a broadcast's fingerprint, got {fp}")
-        if not self._started:
-            raise InvalidArgument("call start() before broadcast()")
-        if self._failure is not None:
-            raise self._reraise(fp)
-        if self._in_op:
-            raise InvalidArgument("one op at a time per engine")
-        if not isinstance(work, np.ndarray) or work.ndim != 1 or not work.flags.c_contiguous \
-                or not work.flags.writeable:
-            raise InvalidArgument("work must be a writable 1-D contiguous numpy array")
+        self._check_work(work, fp)
         if self.nnodes == 1:
             if not root:
                 raise InvalidArgument("one node: it must hold the root")
-            if on_final is not None and work.size:
-                on_final(0, work.size)
-            now = time.time()
-            stats = OpStats(seq=fp.seq, kind=fp.kind, nbytes=work.nbytes, started_at=now, finished_at=now)
-            if on_done is not None:
-                on_done(stats)
-            return stats
+            return self._one_node(work, fp, on_final, on_done)
         st = self._post_bcast(work, fp, root, on_final, on_done)
         if root and on_final is not None and work.size:  # (while the writers send it)
             try:
@@ -145,12 +131,7 @@ class Broadcasting:
             except Exception as e:  # noqa: BLE001 - the caller's callback failed: the op fails
                 self._fail(HFReduceError(f"{fp} on node {self.node}: on_final(0, {work.size}) raised {e!r}",
                                          node=self.node, seq=fp.seq))
-        try:
-            return self._wait_result(st, deadline_s, lambda: st.complete)
-        finally:
-            with self._mu:
-                if self._op is st:
-                    self._in_op = False
+        return self._wait_complete(st, deadline_s)
 
     def _post_bcast(self: NodeEngine, work: np.ndarray, fp: Fingerprint, root: bool,
                     on_final: Callable[[int, int], None] | None,
@@ -172,12 +153,7 @@ class Broadcasting:
         st.on_done = on_done
         failed: HFReduceError | None = None
         with self._mu:
-            if self._failure is not None:
-                raise self._reraise(fp)
-            self._op = st
-            self._in_op = True
-            self._next_k += 1
-            self._progress_at = st.t0
+            self._make_current(st)
             failed = self._stale_frame(st)
             for t in (0, 1):
                 for lk in self._children[t]:
@@ -282,14 +258,7 @@ class Broadcasting:
             raise HFReduceError(f"{st.fp} on {self.who(self.node)}: {lk.name()} sent broadcast chunk {c} of "
                                 f"{plen} bytes, expected chunk {want} of {(z - a) * st.isz}",
                                 node=self.node, peer=lk.peer, tree=t, chunk=want, phase=_PHASE)
-        x, y = st.nbytes(a, z)
-        t0 = time.perf_counter()
-        lk.fs.recv_into(st.wbytes[x:y])
-        i = self._links.index(lk)
-        st.io_s[i] += time.perf_counter() - t0
-        st.recv_b[i] += plen
-        if c == lay.nchunks - 1:
-            st.down_end[t] = time.monotonic()
+        self._recv_final(st, lk, c, a, z, plen)
         self._finalize(st, t, c, a, z)
 
     def _bcast_op(self: NodeEngine, lk: Link, rid: int, fp: object) -> OpState:

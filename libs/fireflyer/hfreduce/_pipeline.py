@@ -554,6 +554,17 @@ class Pipeline:
             self._progress_at = time.monotonic()
             return self._op
 
+    def _recv_final(self: NodeEngine, st: OpState, lk: Link, c: int, a: int, b: int, plen: int) -> None:
+        """Receive final chunk ``c`` (elements ``[a, b)`` of ``lk``'s tree) straight into ``work``."""
+        x, y = st.nbytes(a, b)
+        t0 = time.perf_counter()
+        lk.fs.recv_into(st.wbytes[x:y])
+        i = self._links.index(lk)
+        st.io_s[i] += time.perf_counter() - t0
+        st.recv_b[i] += plen
+        if c == st.layouts[lk.tree].nchunks - 1:
+            st.down_end[lk.tree] = time.monotonic()
+
     def _recv_down(self: NodeEngine, lk: Link, hdr: Request, plen: int) -> None:
         """A final chunk from the parent: straight into ``work``, then ``on_final`` and the children."""
         st = self._op
@@ -573,14 +584,7 @@ class Pipeline:
         if st.stream is not None:
             self._stream_down(lk, st, c, a, b, plen)
             return
-        x, y = st.nbytes(a, b)
-        t0 = time.perf_counter()
-        lk.fs.recv_into(st.wbytes[x:y])
-        i = self._links.index(lk)
-        st.io_s[i] += time.perf_counter() - t0
-        st.recv_b[i] += plen
-        if c == lay.nchunks - 1:
-            st.down_end[t] = time.monotonic()
+        self._recv_final(st, lk, c, a, b, plen)
         if st.inline:  # forward first (the children wait for it), then report
             try:
                 for child in self._children[t]:

@@ -465,13 +465,7 @@ class NodeEngine(Pipeline, Streaming, Ringing, Broadcasting):
                 fill(0, work.size)
             if op == "avg":
                 divide_inplace(work, divisor)
-            if on_final is not None and work.size:
-                on_final(0, work.size)
-            now = time.time()
-            stats = OpStats(seq=fp.seq, kind=fp.kind, nbytes=work.nbytes, started_at=now, finished_at=now)
-            if on_done is not None:
-                on_done(stats)
-            return stats
+            return self._one_node(work, fp, on_final, on_done)
         stream = ring = None
         if fill is None and fuse is None and self.can_stream(work):
             if self.ring_on and work.nbytes > self.inline_bytes:
@@ -480,8 +474,12 @@ class NodeEngine(Pipeline, Streaming, Ringing, Broadcasting):
             else:
                 stream = StreamOp(work, inputs or [work], mirrors, "sum" if op == "avg" else op, self.block_bytes)
         st = self._post(work, op, fp, on_final, divisor, fill, on_done, fuse, stream, ring)
+        return self._wait_complete(st, deadline_s)
+
+    def _wait_complete(self, st: OpState, deadline_s: float | None) -> OpStats:
+        """Wait for op ``st`` to complete (on_done has returned too, so the caller's report of the
+        op comes first); its stats.  The engine is idle afterwards, whatever happened."""
         try:
-            # (complete: on_done has returned too, so the caller's report of the op comes first)
             return self._wait_result(st, deadline_s, lambda: st.complete)
         finally:
             with self._mu:
@@ -535,12 +533,7 @@ class NodeEngine(Pipeline, Streaming, Ringing, Broadcasting):
                     st.filled[t] = 0
             st.fuse = fuse
         with self._mu:
-            if self._failure is not None:
-                raise self._reraise(fp)
-            self._op = st
-            self._in_op = True
-            self._next_k += 1
-            self._progress_at = st.t0
+            self._make_current(st)
             if st.inline:
                 try:
                     self._check_no_park(st)
@@ -575,6 +568,15 @@ class NodeEngine(Pipeline, Streaming, Ringing, Broadcasting):
             raise self._reraise(fp) from None
         return st
 
+    def _make_current(self, st: OpState) -> None:
+        """Under the lock: ``st`` is this engine's op from now on (raises if the engine failed)."""
+        if self._failure is not None:
+            raise self._reraise(st.fp)
+        self._op = st
+        self._in_op = True
+        self._next_k += 1
+        self._progress_at = st.t0
+
     def current(self, seq: int) -> OpState | None:
         """The op state of op ``seq`` (its fingerprint's seq) if that is the current op, for :meth:`wait`."""
         st = self._op
@@ -604,16 +606,32 @@ class NodeEngine(Pipeline, Streaming, Ringing, Broadcasting):
         assert st.result is not None
         return st.result
 
-    def _check_call(self, work: np.ndarray, op: str, fp: Fingerprint) -> None:
+    @staticmethod
+    def _one_node(work: np.ndarray, fp: Fingerprint, on_final: Callable[[int, int], None] | None,
+                  on_done: Callable[[OpStats], None] | None) -> OpStats:
+        """An op on one node, once ``work`` holds its result: report it whole."""
+        if on_final is not None and work.size:
+            on_final(0, work.size)
+        now = time.time()
+        stats = OpStats(seq=fp.seq, kind=fp.kind, nbytes=work.nbytes, started_at=now, finished_at=now)
+        if on_done is not None:
+            on_done(stats)
+        return stats
+
+    def _check_work(self, work: np.ndarray, fp: Fingerprint) -> None:
+        """What every op needs: a started engine, not failed, idle, and a 1-D buffer it may write."""
         if not self._started:
-            raise InvalidArgument("call start() before allreduce()")
+            raise InvalidArgument(f"call start() before running {fp.kind} ops")
         if self._failure is not None:  # first: a failed op may leave _in_op set, and this is the news
             raise self._reraise(fp)
         if self._in_op:
-            raise InvalidArgument("one allreduce at a time per engine")
+            raise InvalidArgument("one op at a time per engine")
         if not isinstance(work, np.ndarray) or work.ndim != 1 or not work.flags.c_contiguous \
                 or not work.flags.writeable:
             raise InvalidArgument("work must be a writable 1-D contiguous numpy array")
+
+    def _check_call(self, work: np.ndarray, op: str, fp: Fingerprint) -> None:
+        self._check_work(work, fp)
         if op not in kernels.OPS or fp.op != op:
             raise InvalidArgument(f"op {op!r} must be one of {kernels.OPS} and match the fingerprint's {fp.op!r}")
         # (the worker's allreduce of a narrow float names that dtype in the fingerprint, so that nodes
