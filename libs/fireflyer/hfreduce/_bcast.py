@@ -101,11 +101,6 @@ class BcastOp:
 class Broadcasting:
     """Posting, sending and receiving broadcasts (mixin; see the module docstring)."""
 
-    def can_bcast(self: NodeEngine, nbytes: int) -> bool:
-        """Does a broadcast of ``nbytes`` go through :meth:`broadcast` (several nodes, larger than an
-        inline op)?  The same answer on every node (``inline_bytes`` is part of the link handshake)."""
-        return self.nnodes > 1 and nbytes > self.inline_bytes
-
     def broadcast(self: NodeEngine, work: np.ndarray, fp: Fingerprint, *, root: bool,
                   on_final: Callable[[int, int], None] | None = None, deadline_s: float | None = None,
                   on_done: Callable[[OpStats], None] | None = None) -> OpStats:

@@ -539,14 +539,19 @@ class NodeComm:
     def _fingerprint(self, seq: int, s0: Submit, dtype: np.dtype, *, express: bool = False) -> Fingerprint:
         """What op ``seq`` is, as every node must agree on it, on the engine and the express path alike.
 
-        The op, dtype and count are the engine's (a broadcast travels as int32 words; a barrier
-        on the ``express`` path carries no data: count 0) except that an allreduce or reduce names the ranks' dtype:
-        a node reducing bfloat16 and one reducing float32 carry the same float32 partials, and
-        only the fingerprint tells them apart.  A reduce or broadcast names its root: nodes that
-        disagree on it would run the same bytes and end with the result in different places.
+        An allreduce or reduce names the engine's op and count and the ranks' dtype: a node
+        reducing bfloat16 and one reducing float32 carry the same float32 partials, and only the
+        fingerprint tells them apart.  A broadcast names op ``copy`` and the ranks' dtype and
+        count, not the int32 words a small one travels as: three float16 and four are both two
+        words, and a node would take the other's bytes with two zero bytes added.  A barrier is
+        the engine's one int32 (on the ``express`` path, no data: count 0).  A reduce or broadcast
+        names its root: nodes that disagree on it would run the same bytes and end with the
+        result in different places.
         """
         kind = s0.kind
         engine_op, wdt, wcount = wire_layout(kind, s0.op, dtype, s0.count)
+        if kind == "broadcast":
+            engine_op, wdt, wcount = "copy", dtype, s0.count
         named = dtype if kind in ("allreduce", "reduce") else wdt
         return Fingerprint(comm=self.key, seq=seq, op=engine_op, dtype=kernels.dtype_name(named),
                            count=0 if kind == "barrier" and express else wcount, kind=kind,

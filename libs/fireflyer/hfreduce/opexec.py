@@ -18,17 +18,15 @@ Data path per op (``K`` local ranks, ``n`` nodes, chunk = ``chunk_bytes``)::
   receives into it): the write-back makes K - 1 copies, and with one local rank none.
 * **reduce(root)** runs the allreduce and writes only the root's buffer; other ranks'
   buffers are left as they were.
-* **broadcast(root)** is bit-exact for every dtype (NaN payloads, -0.0 included).  One larger
-  than an inline op (``engine.can_bcast``) is the engine's own broadcast: the root's bytes as
-  they are, flooded over both trees, each edge carrying them once (:mod:`._bcast`), into the
-  root's buffer's twin on every node (rank 0's), then copied to the node's other ranks as each
-  range lands.  A smaller one (the express path takes most of those) goes through the
-  allreduce: the buffer's bytes are viewed as zero-padded int32 words, the root's node
-  contributes them, every other node zeros, and an int32 ``sum`` (exact, ``x + 0 == x``)
-  runs through the same engine.  Larger ones went that way too until the engine's broadcast,
-  which moves half the bytes: 64 MiB on the thirty-ninth VM, launches of the two alternating,
-  2 x 1 15.0-41.5 ms against 46.3-53.3, 4 x 1 40.9-51.9 against 77.3-92.4, 2 x 4 23.3-58.5
-  against 35.1-58.3 (faster in 5 of 7), 3 x 2 36.2-65.8 against 53.9-78.0.
+* **broadcast(root)** is bit-exact for every dtype (NaN payloads, -0.0 included): across nodes
+  it is the engine's own broadcast, the root's bytes as they are, flooded over both trees,
+  each edge carrying them once (:mod:`._bcast`), into the root's buffer's twin on every node
+  (rank 0's), then copied to the node's other ranks as each range lands.  (Small ones take the
+  express path: an int32 sum of the bytes as zero-padded words, zeros from every node but the
+  root's, :func:`broadcast_words`.)  Until the engine's broadcast larger ones went through the
+  allreduce that way, moving twice the bytes: 64 MiB on the thirty-ninth VM, launches of the two
+  alternating, 2 x 1 15.0-41.5 ms against 46.3-53.3, 4 x 1 40.9-51.9 against 77.3-92.4, 2 x 4
+  23.3-58.5 against 35.1-58.3 (faster in 5 of 7), 3 x 2 36.2-65.8 against 53.9-78.0.
 * **barrier** is a one-element int32 sum when there is more than one node; locally the
   arrival wait already is the barrier.
 
@@ -192,7 +190,7 @@ def may_post(kind: str, op: str, dtype: np.dtype, count: int, engine: Engine | N
     Small ops across nodes whose result is written back on the engine thread that
     completes them: then nothing is left to do on the calling thread.
     """
-    if engine is None:
+    if engine is None or kind == "broadcast":  # (a broadcast the express path does not take: the engine's)
         return False
     _, wdt, wcount = wire_layout(kind, op, dtype, count)
     nbytes = wcount * wdt.itemsize
@@ -388,34 +386,15 @@ def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s:
             copy_into([r[a:b] for r in others], src[a:b])
         times["writeback_s"] = time.perf_counter() - t
         return None
-    if engine.can_bcast(nbytes):
-        # the root's bytes flooded over the trees as they are (``_bcast``: every edge carries them
-        # once, nothing is added): the root's buffer is the engine's on its node, rank 0's elsewhere,
-        # and the write-back copies each range to this node's other ranks as it lands
-        work = raw[0 if root is None else root]
-        targets = [r for r in raw if r is not work]
+    # the root's bytes flooded over the trees as they are (``_bcast``: every edge carries them once,
+    # nothing is added): the root's buffer is the engine's on its node, rank 0's elsewhere, and the
+    # write-back copies each range to this node's other ranks as it lands
+    work = raw[0 if root is None else root]
+    targets = [r for r in raw if r is not work]
 
-        def copy_out(a: int, b: int) -> None:
-            copy_into([r[a:b] for r in targets], work[a:b])
-
-        on_phase("tree")
-        return _run_tree(engine, work, "sum", fp, deadline_s, copy_out if targets else None, writer, times, done,
-                         bcast_root=root is not None)
-    _, _, words = wire_layout("broadcast", "sum", plan.dtype, plan.count)
-    if root is not None:
-        on_phase("local_reduce")
-    t = time.perf_counter()
-    work = broadcast_words(scratch, None if root is None else raw[root], words)
-    if root is not None:
-        times["local_reduce_s"] = time.perf_counter() - t
-    wbytes = work.view(np.uint8)
-    targets = others if root is not None else raw
-
-    def write(a: int, b: int) -> None:
-        lo, hi = a * 4, min(b * 4, nbytes)
-        if lo >= hi:
-            return
-        copy_into([r[lo:hi] for r in targets], wbytes[lo:hi])
+    def copy_out(a: int, b: int) -> None:
+        copy_into([r[a:b] for r in targets], work[a:b])
 
     on_phase("tree")
-    return _run_tree(engine, work, "sum", fp, deadline_s, write, writer, times, done, post=post)
+    return _run_tree(engine, work, "sum", fp, deadline_s, copy_out if targets else None, writer, times, done,
+                     bcast_root=root is not None)

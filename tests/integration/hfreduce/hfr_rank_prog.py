@@ -186,6 +186,14 @@ def _run(mode: str, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
         _mark()
         comm.broadcast(np.ones(args.count + comm.node_rank, np.float32), 0)
         return {}
+    if mode == "bcast_f16_count_by_node":  # node 1's ranks broadcast one float16 more: the same int32 words
+        _mark()
+        comm.broadcast(np.ones(args.count + comm.node_rank, np.float16), 0)
+        return {}
+    if mode == "bcast_dtype_by_node":  # float16 on node 0, bfloat16 on node 1: the same bytes
+        _mark()
+        comm.broadcast(np.ones(args.count, np.float16 if comm.node_rank == 0 else ml_dtypes.bfloat16), 0)
+        return {}
     if mode in ("bcast_root_by_node", "reduce_root_by_node"):  # each node names its own first rank as root
         root = comm.rank - comm.local_rank
         x = np.full(args.count, comm.rank + 1, np.float32)

@@ -95,6 +95,20 @@ def test_worker_nodes_disagreeing_on_a_small_broadcasts_size_raise_a_mismatch_ev
     _mismatch_on_every_rank("bcast_count_by_node", count, f"{count} el", f"{count + 1} el")
 
 
+@pytest.mark.parametrize("count", [1001, 40001])  # the express path, the engine's broadcast
+def test_worker_nodes_broadcasting_different_counts_of_the_same_words_raise_a_mismatch_everywhere(count: int) -> None:
+    """Node 0 broadcasts ``count`` float16, node 1 one more: with ``count`` odd both are the same
+    number of int32 words, as a small broadcast travels, so only the ranks' own count in the
+    fingerprint tells them apart (before, at 1,001 every rank returned, node 1's last element a
+    zero it never had)."""
+    _mismatch_on_every_rank("bcast_f16_count_by_node", count, f"float16, {count} el", f"float16, {count + 1} el")
+
+
+@pytest.mark.parametrize("count", [1000, 40000])
+def test_worker_nodes_broadcasting_different_dtypes_of_the_same_bytes_raise_a_mismatch_everywhere(count: int) -> None:
+    _mismatch_on_every_rank("bcast_dtype_by_node", count, "copy, float16", "copy, bfloat16")
+
+
 @pytest.mark.parametrize("count", [1000, 40000])  # the express path, the engine's (streamed)
 @pytest.mark.parametrize("kind", ["bcast", "reduce"])
 @pytest.mark.parametrize("nnodes", [2, 3])  # three nodes: the tree express path, and the ring for 40,000

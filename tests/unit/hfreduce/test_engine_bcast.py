@@ -158,7 +158,6 @@ def test_bad_calls_are_refused_and_leave_the_engine_usable() -> None:
             engines[0].broadcast(np.zeros(10, np.uint8), Fingerprint("c", 0, "sum", "uint8", 10), root=True)
         with pytest.raises(InvalidArgument, match="writable 1-D"):
             engines[0].broadcast(np.zeros((2, 5), np.uint8), _fp(10), root=True)
-        assert engines[0].can_bcast(1025) and not engines[0].can_bcast(1024)
         bufs = [np.arange(5000, dtype=np.uint8), np.zeros(5000, np.uint8)]
         res = _bcast_all(engines, bufs, 0)
         assert not [r for r in res if isinstance(r, BaseException)], res
