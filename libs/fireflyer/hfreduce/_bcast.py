@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fireflyer.core.errors import FireFlyerError, InvalidArgument, ProtocolError
+from fireflyer.hfreduce._op import OpState
 from fireflyer.hfreduce._pipeline import BCAST, RING_TREE, _Failed
 from fireflyer.hfreduce.errors import HFReduceError
 from fireflyer.hfreduce.types import Fingerprint, OpStats
@@ -64,7 +65,6 @@ from fireflyer.wire.frame import Request
 
 if TYPE_CHECKING:
     from fireflyer.hfreduce._links import Link
-    from fireflyer.hfreduce._op import OpState
     from fireflyer.hfreduce.engine import NodeEngine
 
 __all__ = ["BCAST", "BcastOp", "Broadcasting"]
@@ -131,8 +131,6 @@ class Broadcasting:
     def _post_bcast(self: NodeEngine, work: np.ndarray, fp: Fingerprint, root: bool,
                     on_final: Callable[[int, int], None] | None,
                     on_done: Callable[[OpStats], None] | None) -> OpState:
-        from fireflyer.hfreduce._op import OpState  # (engine imports this module: no cycle at import)
-
         st = OpState(self._next_k, fp, work, "sum", 1, on_final, self.chunk_bytes, len(self._links),
                      (len(self._children[0]), len(self._children[1])))
         links = tuple([*([p] if (p := self._parent[t]) is not None else []), *self._children[t]]
@@ -146,7 +144,6 @@ class Broadcasting:
         # received (the source's done, every other link's ack), and each chunk final here
         st.remaining = sum(3 * len(links[t]) + (0 if root else nch[t]) for t in (0, 1))
         st.on_done = on_done
-        failed: HFReduceError | None = None
         with self._mu:
             self._make_current(st)
             failed = self._stale_frame(st)
