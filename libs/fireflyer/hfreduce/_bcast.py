@@ -224,7 +224,7 @@ class Broadcasting:
         received straight into ``work``."""
         fp = hdr.meta.get("fp")
         c = hdr.meta.get("c", -2)
-        st = self._bcast_op(lk, hdr.rid, fp)
+        st = self._op_of_frame(lk, hdr.rid, fp)
         b: BcastOp | None = st.bcast
         if st.k != hdr.rid or b is None or (fp is not None and fp != st.wire_fp):
             raise self.peer_mismatch(lk.peer, str(st.fp), fp)
@@ -252,25 +252,6 @@ class Broadcasting:
                                 node=self.node, peer=lk.peer, tree=t, chunk=want, phase=_PHASE)
         self._recv_final(st, lk, c, a, z, plen)
         self._finalize(st, t, c, a, z)
-
-    def _bcast_op(self: NodeEngine, lk: Link, rid: int, fp: object) -> OpState:
-        """The op a broadcast frame of engine op ``rid`` belongs to, once this node has posted it:
-        the neighbour may be ahead of our own call, so wait for it.  While we wait, this reader
-        reads nothing else from ``lk`` (an abort behind the frame included), so a node that runs
-        this op number on its express path instead must say so here: the announcement, the first
-        frame of an op on every link, names the communicator's op number (``fp[1]``)."""
-        seq = fp[1] if isinstance(fp, list) and len(fp) > 1 else None
-        while True:
-            with self._mu:
-                if self._failure is not None:
-                    raise self._reraise()
-                st = self._op
-                if st is not None and st.k >= rid:
-                    return st
-                self._post_cv.wait(0.05)
-            mine = self.express.running_fingerprint(seq) if self.express is not None and seq is not None else None
-            if mine is not None:
-                raise self.peer_mismatch(lk.peer, mine, fp)
 
     def _bcast_control(self: NodeEngine, st: OpState, b: BcastOp, lk: Link, t: int, c: int, plen: int) -> None:
         """An announcement, ack or done from ``lk`` (tree ``t``), checked against what we expect."""

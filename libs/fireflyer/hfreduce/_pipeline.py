@@ -554,6 +554,28 @@ class Pipeline:
             self._progress_at = time.monotonic()
             return self._op
 
+    def _op_of_frame(self: NodeEngine, lk: Link, rid: int, fp: object) -> OpState:
+        """The op a frame of engine op ``rid`` from ``lk`` belongs to, once this node has posted it.
+
+        A broadcast's or a ring op's first frame can come before our own call (the peer is
+        ahead of us): wait for it.  While we wait, this reader reads nothing else from ``lk``
+        (an abort behind the frame included; between two nodes a broadcast's announcements hold
+        up the readers of both their links), so a node that runs this op number on its express
+        path instead says so here: such a first frame carries the fingerprint, which names the
+        communicator's op number (``fp[1]``)."""
+        seq = fp[1] if isinstance(fp, list) and len(fp) > 1 else None
+        while True:
+            with self._mu:
+                if self._failure is not None:
+                    raise self._reraise()
+                st = self._op
+                if st is not None and st.k >= rid:
+                    return st
+                self._post_cv.wait(0.05)
+            mine = self.express.running_fingerprint(seq) if self.express is not None and seq is not None else None
+            if mine is not None:
+                raise self.peer_mismatch(lk.peer, mine, fp)
+
     def _recv_final(self: NodeEngine, st: OpState, lk: Link, c: int, a: int, b: int, plen: int) -> None:
         """Receive final chunk ``c`` (elements ``[a, b)`` of ``lk``'s tree) straight into ``work``."""
         x, y = st.nbytes(a, b)

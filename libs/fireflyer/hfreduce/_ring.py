@@ -263,14 +263,8 @@ class Ringing:
 
     def _ring_recv(self: NodeEngine, lk: Link, hdr: Request, plen: int) -> None:
         """A frame from the previous node (on its link's reader): reduced in, or taken as final."""
-        with self._mu:  # the previous node may be ahead of our own call: wait for it
-            while self._failure is None and (self._op is None or self._op.k < hdr.rid):
-                self._post_cv.wait(0.05)
-            if self._failure is not None:
-                raise self._reraise()
-            st = self._op
-            assert st is not None
         fp = hdr.meta.get("fp")
+        st = self._op_of_frame(lk, hdr.rid, fp)  # (the previous node may be ahead of our own call)
         r: RingOp | None = st.ring
         if st.k != hdr.rid or r is None or (hdr.meta.get("q") == 0 and fp != st.wire_fp):
             raise self.peer_mismatch(lk.peer, str(st.fp), fp)

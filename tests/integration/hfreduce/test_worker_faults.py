@@ -124,6 +124,26 @@ def test_worker_nodes_disagreeing_on_a_root_raise_a_mismatch_everywhere(kind: st
         assert sum(f"{count} el, root {node * k}," in msg for node in range(nnodes)) == 2, msg
 
 
+@pytest.mark.parametrize("mode", ["count_by_node", "bcast_count_by_node"])
+def test_worker_nodes_running_one_op_express_and_on_the_engine_raise_a_mismatch_everywhere(mode: str) -> None:
+    """Three nodes around a ring: node 0 reduces (or broadcasts) EXPRESS_BYTES / 4 float32, small
+    enough for its express path, nodes 1 and 2 one and two more, which go around the ring (or are
+    the engine's broadcast).  Their first frame reaches a reader of node 0 that waits for an engine
+    op node 0 will never post, reading nothing behind it on that link; every rank must still be
+    told of the mismatch well before the deadline."""
+    count = EXPRESS_BYTES // 4
+    c = Cluster(3, 1, chunk="1k", timeout_s=TIMEOUT_S, env={"FF_HFREDUCE_ALGORITHM": "ring"}).start()
+    try:
+        res = c.ranks(mode, count=count, timeout_s=30).results()
+    finally:
+        c.stop()
+    _all_raised(res, [0, 1, 2])
+    for r in range(3):
+        assert res[r]["kind"] == "FingerprintMismatch", res[r]
+        assert res[r]["op_elapsed"] < TIMEOUT_S, res[r]
+    assert list_segments() == []
+
+
 def test_worker_three_nodes_disagreeing_on_a_small_ops_size_raise_a_mismatch_everywhere() -> None:
     """Node ``i`` reduces 1,000 + ``i`` elements: on three nodes the small op goes up tree 0, and
     the first node to compare fingerprints fails every engine; every rank is told both."""
