@@ -52,7 +52,7 @@ __all__ = ["Pipeline", "UP", "DOWN", "WAIT", "ABORT", "XCHG", "BCAST", "RING", "
 _log = get_logger("fireflyer.hfreduce.engine")
 
 UP, DOWN, WAIT, ABORT, XCHG = "hfr.up", "hfr.down", "hfr.wait", "hfr.abort", "hfr.xchg"
-#: a large broadcast's announcement or chunk (:mod:`._bcast`)
+#: a large broadcast's frames: announcement, chunk, ack, done (:mod:`._bcast`)
 BCAST = "hfr.bc"
 #: a ring op's piece (:mod:`._ring`), and the tree index of the ring's links
 RING = "hfr.r"
