@@ -549,12 +549,13 @@ class NodeComm:
         result in different places.
         """
         kind = s0.kind
-        engine_op, wdt, wcount = wire_layout(kind, s0.op, dtype, s0.count)
         if kind == "broadcast":
-            engine_op, wdt, wcount = "copy", dtype, s0.count
-        named = dtype if kind in ("allreduce", "reduce") else wdt
-        return Fingerprint(comm=self.key, seq=seq, op=engine_op, dtype=kernels.dtype_name(named),
-                           count=0 if kind == "barrier" and express else wcount, kind=kind,
+            op, named, count = "copy", dtype, s0.count
+        else:
+            op, wdt, count = wire_layout(kind, s0.op, dtype, s0.count)
+            named = dtype if kind in ("allreduce", "reduce") else wdt
+        return Fingerprint(comm=self.key, seq=seq, op=op, dtype=kernels.dtype_name(named),
+                           count=0 if kind == "barrier" and express else count, kind=kind,
                            root=s0.root if kind in ("reduce", "broadcast") else -1)
 
     def _local_rank_of(self, root: int) -> int | None:

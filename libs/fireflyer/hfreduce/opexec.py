@@ -93,7 +93,10 @@ class OpPlan:
 
 
 def wire_layout(kind: str, op: str, dtype: np.dtype, count: int) -> tuple[str, np.dtype, int]:
-    """(engine op, engine dtype, engine element count) of an op; identical on every node."""
+    """(op, dtype, element count) an op travels as through an allreduce; identical on every node.
+
+    A broadcast's is the express path's int32 words (:func:`broadcast_words`); across nodes
+    otherwise a broadcast is the engine's own and moves the ranks' bytes as they are."""
     dt = np.dtype(dtype)
     if kind == "broadcast":
         return "sum", _I32, -(-count * dt.itemsize // 4)
