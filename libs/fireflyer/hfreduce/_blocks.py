@@ -107,6 +107,13 @@ LAND = -2
 #: (the ring's sender, behind its reader); ``PUBLISH`` counts each of its blocks in ``sync``
 #: once done (the ring's reader); ``NO_SYNC`` neither
 NO_SYNC, PUBLISH = -1, -2
+#: a loop's ``work`` when this node's result is not wanted (a reduce on a node without its root,
+#: :class:`._streamed.StreamOp`'s ``discard``): each final block is made in, or received into,
+#: ``scratch`` (one block, in the cache), goes on to the children and the mirrors, and is
+#: written nowhere else.  Writing them to a scratch ``work`` buffer cost a whole buffer's
+#: writes, each line read from memory first (the allreduce writes over the lines of a rank's
+#: buffer it has just read): see :mod:`.opexec` for what it saves
+DISCARD = 0
 #: bytes of the marker after every block: ``_MAGIC | block << 1 | aborted``
 MARKER_BYTES = 8
 _MAGIC = 0x4646424B << 32  # "FFBK"
@@ -567,13 +574,17 @@ _fan_out_block = _fan_out if platform.machine().lower() in ("x86_64", "amd64") e
 
 @njit(nogil=True, cache=True)
 def _copy_out(work, mirrors, off, dsts, src, nbytes):  # type: ignore[no-untyped-def]
-    """``nbytes`` at ``src`` to ``off`` bytes into ``work`` and every mirror (``dsts``: room for
-    the addresses)."""
-    if nbytes:
+    """``nbytes`` at ``src`` to ``off`` bytes into ``work`` (unless it is :data:`DISCARD`) and every
+    mirror (``dsts``: room for the addresses)."""
+    n = 0
+    if work != DISCARD:
         dsts[0] = work + off
-        for i in range(mirrors.shape[0]):
-            dsts[i + 1] = mirrors[i] + off
-        _fan_out_block(dsts, src, nbytes, nbytes)
+        n = 1
+    for i in range(mirrors.shape[0]):
+        dsts[n + i] = mirrors[i] + off
+    n += mirrors.shape[0]
+    if nbytes and n:
+        _fan_out_block(dsts[:n], src, nbytes, nbytes)
 
 
 @njit(nogil=True, cache=True)
@@ -612,8 +623,8 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
     child.  Each block is reduced left to right over ``own`` then the children.
     ``parent >= 0``: the block goes from ``scratch`` (one block of room) to the
     parent.  ``parent < 0`` (the root): it lands in ``work`` (element ``i`` at
-    ``work + i * isz``), is divided by ``divisor`` (> 1: ``avg``), sent down to every
-    child and copied into every ``mirrors`` address.  ``parent == LAND``: as at the
+    ``work + i * isz``; nowhere when ``work`` is :data:`DISCARD`), is divided by ``divisor``
+    (> 1: ``avg``), sent down to every child and copied into every ``mirrors`` address.  ``parent == LAND``: as at the
     root, but sent nowhere (a ring's reduce-scatter step, :mod:`._ring`).  ``sub``: elements per sub-block of
     a root's in-place step (the engine passes :func:`in_place_sub`; 0: :data:`_SUB`).
     ``sync``, ``after``: another loop's progress to wait for, or this one's to publish
@@ -632,7 +643,7 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
     # a root with mirrors makes each final block in ``scratch`` (in the cache) and writes it to
     # work and the mirrors with non-temporal stores: work's lines are never read just to be
     # overwritten, and the sends down read the block from the cache
-    stage = parent < 0 and mirrors.shape[0] > 0
+    stage = parent < 0 and (mirrors.shape[0] > 0 or work == DISCARD)
     # ... unless the outputs are the inputs (an allreduce over the ranks' own buffers, the usual
     # case): then each sub-block's result is stored over the ranks' lines just read (see
     # _reduce_in_place), and only the sends down read the block from ``scratch``
@@ -645,7 +656,7 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
         spare = scratch  # an aborted block's bytes: any block-sized room of ours
     else:
         outs = fds.copy() if parent != LAND else np.zeros(0, np.int64)
-        spare = 0
+        spare = scratch if work == DISCARD else 0
     sent = np.zeros(outs.shape[0], np.int64)
     block = 0
     for lo in range(a, b, blk):
@@ -701,12 +712,14 @@ def down_chunk(fd, pre, work, scratch, fds, mirrors, isz, a, b, blk, io, abort, 
     """Elements [a, b) of a final chunk from the parent (``fd``, frame starting with ``pre``),
     block by block: into ``work``, on to every child in ``fds``, into every ``mirrors``
     address (with mirrors, each block lands in ``scratch``, one block of room, and goes to
-    work and the mirrors with non-temporal stores).  ``sync``, ``after``: as for
+    work and the mirrors with non-temporal stores; with ``work`` :data:`DISCARD` it lands in
+    ``scratch`` and goes to the children and the mirrors only).  ``sync``, ``after``: as for
     :func:`up_chunk`.  Returns OK, FAILED, ABORTED,
     PEER_ABORTED or BAD_FRAME; on all but OK the frames to the children are ended first."""
     st = _new_state(1, io)
     dsts = np.empty(mirrors.shape[0] + 1, np.int64)
-    stage = mirrors.shape[0] > 0
+    stage = mirrors.shape[0] > 0 or work == DISCARD
+    spare = scratch if work == DISCARD else 0
     sent = np.zeros(fds.shape[0], np.int64)
     block = 0
     for lo in range(a, b, blk):
@@ -714,16 +727,16 @@ def down_chunk(fd, pre, work, scratch, fds, mirrors, isz, a, b, blk, io, abort, 
         nb = (hi - lo) * isz
         dst = scratch if stage else work + lo * isz
         if abort[0] != 0 or (after >= 0 and not _gate(sync, after + block + 1, abort)):
-            return _end_outputs(ABORTED, fds, sent, 0, work, isz, a, b, blk, st)
+            return _end_outputs(ABORTED, fds, sent, spare, work, isz, a, b, blk, st)
         t0 = _monotonic_ns()
         if not _recv_block(fd, dst, nb, pre, 0, st):
-            return _end_outputs(FAILED, fds, sent, 0, work, isz, a, b, blk, st)
+            return _end_outputs(FAILED, fds, sent, spare, work, isz, a, b, blk, st)
         rc = _check_marker(st, 0, block, fd)
         if rc != OK:
-            return _end_outputs(rc, fds, sent, 0, work, isz, a, b, blk, st)
+            return _end_outputs(rc, fds, sent, spare, work, isz, a, b, blk, st)
         times[T_RECV] += (_monotonic_ns() - t0) * 1e-9
         if not _pass_on(fds, sent, dst, nb, block, stage, work, mirrors, lo * isz, dsts, st, times):
-            return _end_outputs(FAILED, fds, sent, 0, work, isz, a, b, blk, st)
+            return _end_outputs(FAILED, fds, sent, spare, work, isz, a, b, blk, st)
         block += 1
         io[IO_DONE] = block
         if after == PUBLISH:

@@ -17,6 +17,10 @@ write-back.  Each tree's half is one frame per link and direction, moved by one
 - **down** (the reader of the parent link): each block of the final half is received
   into ``work``, forwarded to the children and copied to the mirrors.
 
+A node that does not want the result (a reduce whose root is elsewhere) passes
+``discard``: its final blocks are made or received in a cached block, go on to the children
+and the mirrors, and ``work`` is left alone (the ring ignores it: its pieces live in ``work``).
+
 The down writers and the fill thread sit those ops out.  The deadline counts moving
 blocks as progress (:meth:`Streaming._loops_moved`); a stalled loop names the socket it
 is blocked on (:meth:`Streaming._stream_waits`).  A loop that stops early ends its
@@ -84,12 +88,15 @@ class Parked:
 
 class StreamOp:
     """A streamed op's inputs and mirrors as the block loops take them (base addresses), and its
-    block (``blk`` elements: the same on every node, checked when the links connect)."""
+    block (``blk`` elements: the same on every node, checked when the links connect).
+    ``discard``: this node does not want the result in ``work`` (only in the mirrors, if any);
+    the loops then leave ``work`` alone (:data:`._blocks.DISCARD`)."""
 
-    __slots__ = ("fmt", "opcode", "own", "mirrors", "keep", "blk")
+    __slots__ = ("fmt", "opcode", "own", "mirrors", "keep", "blk", "discard")
 
     def __init__(self, work: np.ndarray, inputs: Sequence[np.ndarray], mirrors: Sequence[np.ndarray],
-                 redop: str, block_bytes: int) -> None:
+                 redop: str, block_bytes: int, *, discard: bool = False) -> None:
+        self.discard = discard
         self.blk = max(1, block_bytes // work.dtype.itemsize)
         self.fmt = _FORMATS[work.dtype]
         self.opcode = _OP_CODE[redop]
@@ -305,7 +312,8 @@ class Streaming:
             t0 = time.perf_counter()
             rc = self._locked_loop(heads, plen, lambda: B.up_chunk(
                 so.fmt, so.opcode, st.isz, so.own, self._child_fds[t], pre, pre_len, buf.slot_addrs,
-                buf.scratch.ctypes.data, st.work.ctypes.data, parent.fs.sock.fileno() if parent is not None else -1,
+                buf.scratch.ctypes.data, B.DISCARD if so.discard else st.work.ctypes.data,
+                parent.fs.sock.fileno() if parent is not None else -1,
                 so.mirrors if parent is None else _EMPTY, st.avg_divisor if parent is None else 1,
                 a, b, so.blk, buf.io, self._abort, buf.times, B.in_place_sub(len(so.own) + m), _UNSYNCED, B.NO_SYNC))
             dt = time.perf_counter() - t0
@@ -365,7 +373,8 @@ class Streaming:
         rc = B.ABORTED
         try:
             rc = self._locked_loop(heads, plen, lambda: B.down_chunk(
-                lk.fs.sock.fileno(), pre, st.work.ctypes.data, buf.scratch.ctypes.data, self._child_fds[t],
+                lk.fs.sock.fileno(), pre, B.DISCARD if so.discard else st.work.ctypes.data, buf.scratch.ctypes.data,
+                self._child_fds[t],
                 so.mirrors, st.isz, a, b, so.blk, buf.io, self._abort, buf.times, _UNSYNCED, B.NO_SYNC))
         except _Failed:
             pass  # a child link failed before the loop ran: the frame is still ours to drain

@@ -420,7 +420,8 @@ class NodeEngine(Pipeline, Streaming, Ringing, Broadcasting):
                   on_final: Callable[[int, int], None] | None = None, deadline_s: float | None = None,
                   avg_divisor: int | None = None, fill: Callable[[int, int], None] | None = None,
                   fuse: Fuse | None = None, on_done: Callable[[OpStats], None] | None = None,
-                  inputs: Sequence[np.ndarray] | None = None, mirrors: Sequence[np.ndarray] = ()) -> OpStats:
+                  inputs: Sequence[np.ndarray] | None = None, mirrors: Sequence[np.ndarray] = (),
+                  discard: bool = False) -> OpStats:
         """Allreduce ``work`` in place across the nodes; return this node's telemetry.
 
         ``work`` (1-D, contiguous, writable) holds this node's partial on entry and
@@ -452,11 +453,14 @@ class NodeEngine(Pipeline, Streaming, Ringing, Broadcasting):
         may be one of them (in place) or a buffer of its own; ``mirrors`` get the result too.
         Ops without ``fill`` or ``fuse`` that can stream do so with ``inputs=[work]``.
         A streamed op is one frame per tree and direction, whatever ``chunk_bytes``.
+        ``discard`` (with ``inputs``): this node wants the result in the ``mirrors`` only (a
+        reduce whose root is elsewhere has none); an op streamed over the trees then leaves
+        ``work`` as it was, one over the ring still uses it for its pieces.
         """
         self._check_call(work, op, fp)
-        if inputs is not None or mirrors:
+        if inputs is not None or mirrors or discard:
             if fill is not None or fuse is not None or not self.can_stream(work):
-                raise InvalidArgument("inputs/mirrors are for ops that stream (can_stream), without fill or fuse",
+                raise InvalidArgument("inputs/mirrors/discard are for ops that stream (can_stream), without fill or fuse",
                                       count=work.size, dtype=str(work.dtype))
             check_buffers(work, inputs or [work], mirrors)
         divisor = self.nnodes if avg_divisor is None else int(avg_divisor)
@@ -472,7 +476,8 @@ class NodeEngine(Pipeline, Streaming, Ringing, Broadcasting):
                 ring = RingOp(self.node, self.nnodes, work, inputs or [work], mirrors, "sum" if op == "avg" else op,
                               self.block_bytes, self.ring_piece_bytes)
             else:
-                stream = StreamOp(work, inputs or [work], mirrors, "sum" if op == "avg" else op, self.block_bytes)
+                stream = StreamOp(work, inputs or [work], mirrors, "sum" if op == "avg" else op, self.block_bytes,
+                                  discard=discard)
         st = self._post(work, op, fp, on_final, divisor, fill, on_done, fuse, stream, ring)
         return self._wait_complete(st, deadline_s)
 

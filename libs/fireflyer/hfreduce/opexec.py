@@ -17,7 +17,14 @@ Data path per op (``K`` local ranks, ``n`` nodes, chunk = ``chunk_bytes``)::
   buffer is the work buffer (the local reduce writes it, the engine sends from and
   receives into it): the write-back makes K - 1 copies, and with one local rank none.
 * **reduce(root)** runs the allreduce and writes only the root's buffer; other ranks'
-  buffers are left as they were.
+  buffers are left as they were.  A streamed one (below) leaves its scratch work buffer
+  alone too (``discard``): the final blocks go from the cache to the children and the root's
+  buffer only, where writing them to scratch read each of its lines from memory first.  64 MiB
+  float32 to rank 0 on the fortieth VM, launches of the two alternating (medians of 8 ops):
+  2 x 1 30.2-33.5 ms against 40.0-42.5, 2 x 4 48.6-53.4 against 55.2-61.9, 3 x 2 71.9-75.4
+  against 75.6-80.6.  (Over the ring, ``ff launch``'s choice for one rank per node on three or
+  more nodes, a node's pieces live in ``work``: a reduce there still writes scratch, and at
+  4 x 1 takes about 1.2x the allreduce's time.)
 * **broadcast(root)** is bit-exact for every dtype (NaN payloads, -0.0 included): across nodes
   it is the engine's own broadcast, the root's bytes as they are, flooded over both trees,
   each edge carrying them once (:mod:`._bcast`), into the root's buffer's twin on every node
@@ -220,14 +227,14 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
               fill: Callable[[int, int], None] | None = None, fuse: Fuse | None = None,
               local_reduce: Callable[[], float] | None = None, post: bool = False,
               inputs: Sequence[np.ndarray] | None = None, mirrors: Sequence[np.ndarray] = (),
-              bcast_root: bool | None = None) -> OpStats:
+              discard: bool = False, bcast_root: bool | None = None) -> OpStats:
     """engine.allreduce (or, with ``bcast_root``, engine.broadcast: does this node hold the root?)
     with write-back of each final range on the writer thread.
 
     When every final range is small enough to be written on the engine thread that
     reports it, the op is complete as soon as the engine says so: ``done`` runs there.
     With ``inputs`` the op streams: the engine reduces them and writes the result into
-    ``work`` and ``mirrors`` itself, and its stats carry those phases' times.
+    ``work`` (unless ``discard``) and ``mirrors`` itself, and its stats carry those phases' times.
     """
     futures: list[Future[None]] = []
     wb = [0.0]
@@ -265,7 +272,7 @@ def _run_tree(engine: Engine, work: np.ndarray, op: str, fp: Fingerprint, deadli
     try:
         kw: dict[str, Any] = {"fill": fill, "fuse": fuse} if fill is not None else {}
         if inputs is not None:
-            kw = {"inputs": inputs, "mirrors": mirrors}
+            kw = {"inputs": inputs, "mirrors": mirrors, "discard": discard}
         if bcast_root is not None:
             stats = engine.broadcast(work, fp, root=bcast_root, on_final=None if write is None else on_final,
                                      deadline_s=deadline_s, on_done=engine_done if early else None)
@@ -323,10 +330,13 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
 
     if engine is not None and wdt == plan.dtype and engine.can_stream(work):
         # the engine's block loops reduce the ranks with the children and write every target
-        # themselves, block by block in the cache (``_blocks``): no fill, fuse or write-back here
+        # themselves, block by block in the cache (``_blocks``): no fill, fuse or write-back here.
+        # A reduce wants its result in the root's buffer only: the scratch work buffer is not
+        # written (``discard``), which on the trees saves a whole buffer's writes on every node
         on_phase("tree")
         return _run_tree(engine, work, engine_op, fp, deadline_s, None, writer, times, done,
-                         avg_divisor=plan.world_size, inputs=views, mirrors=targets, post=post)
+                         avg_divisor=plan.world_size, inputs=views, mirrors=targets, post=post,
+                         discard=plan.kind == "reduce")
     if engine is not None:
         # the local reduce runs inside the engine, chunk by chunk: on its fill thread, or fused with
         # the children's chunks on the up thread of a tree where this node has children.

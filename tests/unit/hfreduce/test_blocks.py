@@ -234,6 +234,68 @@ def test_down_chunk_lands_in_work_forwards_to_the_children_and_fills_the_mirrors
     assert times[B.T_COPY] > 0
 
 
+@pytest.mark.parametrize("k,m,mirrored,divisor", [(3, 2, 2, 1), (2, 1, 0, 1), (16, 2, 1, 1), (1, 1, 1, 5)])
+def test_a_root_that_discards_work_sends_down_and_fills_the_mirrors_without_touching_work(
+        k: int, m: int, mirrored: int, divisor: int) -> None:
+    # a reduce on a node without its root: the result goes down and into the mirrors (the root's
+    # buffer, when it is here) and nowhere else; ``work`` is not even an address (DISCARD)
+    rng = np.random.default_rng(k * 10 + m)
+    dt = np.dtype(np.float32)
+    count, a, b, blk = 3000, 100, 2900, 256
+    own = [_data(rng, dt, count) for _ in range(k)]
+    before = [x.copy() for x in own]
+    kids = [_data(rng, dt, b - a) for _ in range(m)]
+    mirrors = [np.zeros(count, dtype=dt) for _ in range(mirrored)]
+    rc, _, _, downs = _run_up(dt, "sum", own, [framed(x.tobytes(), blk * 4) for x in kids], a, b, blk,
+                              root=True, work=None, mirrors=mirrors, divisor=divisor)
+    assert rc == B.OK
+    # the same loop finalising in a work buffer of its own: the bits to expect
+    work = np.zeros(count, dtype=dt)
+    rc, _, _, want_downs = _run_up(dt, "sum", own, [framed(x.tobytes(), blk * 4) for x in kids], a, b, blk,
+                                   root=True, work=work, divisor=divisor)
+    assert rc == B.OK
+    want = work[a:b].tobytes()
+    assert downs == want_downs and all(unframed(d, blk * 4, b * 4 - a * 4) == want for d in downs)
+    for mm in mirrors:
+        assert mm[a:b].tobytes() == want and not mm[:a].any() and not mm[b:].any()
+    assert all(np.array_equal(x, old) for x, old in zip(own, before, strict=True))  # the inputs stay as they were
+
+
+@pytest.mark.parametrize("mirrored", [0, 2])
+def test_down_chunk_that_discards_work_forwards_and_fills_the_mirrors_only(mirrored: int) -> None:
+    rng = np.random.default_rng(mirrored)
+    count, a, b, blk = 70_000, 5_000, 69_999, 16_384
+    raw = rng.standard_normal(b - a).astype(np.float32).tobytes()
+    wire = framed(raw, blk * 4)
+    up = socket.socketpair()
+    pre = np.frombuffer(wire[:1500], dtype=np.uint8).copy()
+    tx = _sender(up[1], wire[1500:])
+    links = [socket.socketpair() for _ in range(2)]
+    outs: list[list[bytes]] = [[], []]
+    rxs = [_receiver(theirs, len(wire), outs[i]) for i, (_, theirs) in enumerate(links)]
+    mirrors = [np.zeros(count, np.float32) for _ in range(mirrored)]
+    scratch = np.empty(blk * 4, np.uint8)
+    io = B.new_io(1)
+    rc = B.down_chunk(up[0].fileno(), pre, B.DISCARD, scratch.ctypes.data,
+                      np.array([s.fileno() for s, _ in links], np.int64), _addrs(mirrors), 4, a, b, blk, io,
+                      np.zeros(1, np.int64), np.zeros(4), *_NO_SYNC)
+    for th in [tx, *rxs]:
+        th.join(10)
+    assert rc == B.OK
+    assert all(o[0] == wire for o in outs)
+    assert all(mm[a:b].tobytes() == raw and not mm[:a].any() and not mm[b:].any() for mm in mirrors)
+    assert io[B.IO_GOT] == len(wire)
+
+
+def test_a_root_that_discards_work_ends_its_frames_with_aborted_blocks_from_its_scratch() -> None:
+    # the aborted block's bytes may be any: without a work buffer they come from the scratch block
+    dt = np.dtype(np.float32)
+    rc, _, _, downs = _run_up(dt, "sum", [np.ones(4000, dt)], [framed(np.ones(4000, dt).tobytes(), 1024)] * 2,
+                              0, 4000, 256, root=True, work=None, abort=1)
+    assert rc == B.ABORTED
+    assert all(len(d) == 1032 and d[-8:] == marker(0, True) for d in downs)
+
+
 def test_a_peer_that_closes_mid_frame_fails_the_loop_naming_its_socket_and_what_was_taken() -> None:
     up = socket.socketpair()
     wire = framed(b"\1" * 4000, 1024)
