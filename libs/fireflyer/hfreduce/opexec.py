@@ -22,9 +22,13 @@ Data path per op (``K`` local ranks, ``n`` nodes, chunk = ``chunk_bytes``)::
   buffer only, where writing them to scratch read each of its lines from memory first.  64 MiB
   float32 to rank 0 on the fortieth VM, launches of the two alternating (medians of 8 ops):
   2 x 1 30.2-33.5 ms against 40.0-42.5, 2 x 4 48.6-53.4 against 55.2-61.9, 3 x 2 71.9-75.4
-  against 75.6-80.6.  (Over the ring, ``ff launch``'s choice for one rank per node on three or
-  more nodes, a node's pieces live in ``work``: a reduce there still writes scratch, and at
-  4 x 1 takes about 1.2x the allreduce's time.)
+  against 75.6-80.6.  And on the root's node, when the root is local rank 0, the root's buffer
+  is the work buffer, as rank 0's is for an allreduce: 2 x 1 25.4-27.7 ms against 30.1-31.4
+  (the allreduce 24.6-27.5 in the same launches), 2 x 4 44.5-47.2 against 47.7-51.9, 4 x 1 on
+  the ring 83.8-94.2 against 96.5-107.4.  (Over the ring, ``ff launch``'s choice for one rank per
+  node on three or more nodes, a node's pieces live in ``work``: the other nodes still write
+  scratch, and the reduce took 1.1x the allreduce's time there, 76.1-83.3 ms; over the trees
+  it took 106-111 ms.)
 * **broadcast(root)** is bit-exact for every dtype (NaN payloads, -0.0 included): across nodes
   it is the engine's own broadcast, the root's bytes as they are, flooded over both trees,
   each edge carrying them once (:mod:`._bcast`), into the root's buffer's twin on every node
@@ -301,12 +305,14 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
     else:
         targets = views
     # an allreduce whose dtype travels as it is uses local rank 0's own buffer as the work buffer:
-    # the result lands there directly and the write-back copies it K - 1 times, not K
-    alias = plan.kind == "allreduce" and wdt == plan.dtype
+    # the result lands there directly and the write-back copies it K - 1 times, not K; so does a
+    # reduce on the node of its root when the root is local rank 0 (the engine's streamed loops
+    # take work as the first of their inputs or apart from them all, never another one)
+    alias = (plan.kind == "allreduce" or plan.kind == "reduce" and plan.root_local == 0) and wdt == plan.dtype
     in_place = alias and len(views) == 1
     work = views[0] if alias else scratch.get(wdt, plan.count)
     if alias:
-        targets = views[1:]
+        targets = views[1:] if plan.kind == "allreduce" else []
     # one node divides at write-back; across nodes the engine's tree root divides before the down pass
     # (write() must never modify work there: the engine still sends final chunks from it)
     divisor = plan.world_size if plan.op == "avg" and engine is None else 0
@@ -331,12 +337,12 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
     if engine is not None and wdt == plan.dtype and engine.can_stream(work):
         # the engine's block loops reduce the ranks with the children and write every target
         # themselves, block by block in the cache (``_blocks``): no fill, fuse or write-back here.
-        # A reduce wants its result in the root's buffer only: the scratch work buffer is not
+        # A reduce wants its result in the root's buffer only: a scratch work buffer is not
         # written (``discard``), which on the trees saves a whole buffer's writes on every node
         on_phase("tree")
         return _run_tree(engine, work, engine_op, fp, deadline_s, None, writer, times, done,
                          avg_divisor=plan.world_size, inputs=views, mirrors=targets, post=post,
-                         discard=plan.kind == "reduce")
+                         discard=plan.kind == "reduce" and not alias)
     if engine is not None:
         # the local reduce runs inside the engine, chunk by chunk: on its fill thread, or fused with
         # the children's chunks on the up thread of a tree where this node has children.

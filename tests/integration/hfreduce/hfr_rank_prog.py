@@ -52,6 +52,8 @@ def cases(full: bool) -> list[tuple[str, str, str, int, int]]:
         for n in (1001, BEYOND_EXPRESS):  # the express path across nodes, then the engine's
             out.append(("broadcast", "sum", dt, n, -2))  # -2: the last rank
             out.append(("reduce", "sum", dt, n, 0))
+    for dt in ("float32", "int32"):  # streamed: the root's node works in the root's buffer or apart from it
+        out.append(("reduce", "avg", dt, BEYOND_EXPRESS, -2))
     if full:
         out.append(("allreduce", "sum", "float32", LARGE, -1))
     return out

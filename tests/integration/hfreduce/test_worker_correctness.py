@@ -46,9 +46,10 @@ def check_results(res: dict[int, dict[str, np.ndarray]], world: int, full: bool)
                 assert outs[r].tobytes() == inputs[world - 1].tobytes(), f"{what}: rank {r}"
             continue
         if kind == "reduce":
-            for r in range(1, world):
-                assert outs[r].tobytes() == inputs[r].tobytes(), f"{what}: non-root {r} was modified"
-            got = outs[0]
+            dst = world - 1 if root == -2 else root
+            for r in range(world):
+                assert r == dst or outs[r].tobytes() == inputs[r].tobytes(), f"{what}: non-root {r} was modified"
+            got = outs[dst]
         else:
             for r in range(1, world):
                 assert outs[r].tobytes() == outs[0].tobytes(), f"{what}: rank {r} differs from rank 0"
