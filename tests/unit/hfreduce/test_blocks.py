@@ -204,11 +204,13 @@ def test_a_root_whose_outputs_are_its_inputs_stores_each_result_over_them_in_pla
     assert times[0][B.T_COPY] == 0 and times[0][B.T_REDUCE] > 0
 
 
-def test_down_chunk_lands_in_work_forwards_to_the_children_and_fills_the_mirrors() -> None:
-    rng = np.random.default_rng(7)
+@pytest.mark.parametrize("keep,mirrored", [(True, 3), (False, 0), (False, 2)])
+def test_down_chunk_lands_in_work_forwards_to_the_children_and_fills_the_mirrors(keep: bool, mirrored: int) -> None:
+    # keep False: a reduce's node that wants no copy of its own (work is DISCARD): the final
+    # blocks go to the children and the mirrors only
+    rng = np.random.default_rng(7 + mirrored)
     count, a, b, blk = 70_000, 5_000, 69_999, 16_384  # several blocks, a short last one
-    final = rng.standard_normal(b - a).astype(np.float32)
-    raw = final.tobytes()
+    raw = rng.standard_normal(b - a).astype(np.float32).tobytes()
     wire = framed(raw, blk * 4)
     up = socket.socketpair()
     pre = np.frombuffer(wire[:1500], dtype=np.uint8).copy()
@@ -217,21 +219,22 @@ def test_down_chunk_lands_in_work_forwards_to_the_children_and_fills_the_mirrors
     outs: list[list[bytes]] = [[], []]
     rxs = [_receiver(theirs, len(wire), outs[i]) for i, (_, theirs) in enumerate(links)]
     work = np.zeros(count, np.float32)
-    mirrors = [np.zeros(count, np.float32) for _ in range(3)]
+    mirrors = [np.zeros(count, np.float32) for _ in range(mirrored)]
     io = B.new_io(1)
     times = np.zeros(4)
     scratch = np.empty(blk * 4, np.uint8)
-    rc = B.down_chunk(up[0].fileno(), pre, work.ctypes.data, scratch.ctypes.data,
+    rc = B.down_chunk(up[0].fileno(), pre, work.ctypes.data if keep else B.DISCARD, scratch.ctypes.data,
                       np.array([s.fileno() for s, _ in links], np.int64), _addrs(mirrors), 4, a, b, blk, io,
                       np.zeros(1, np.int64), times, *_NO_SYNC)
     for th in [tx, *rxs]:
         th.join(10)
     assert rc == B.OK
-    assert work[a:b].tobytes() == raw and not work[:a].any() and not work[b:].any()
+    if keep:
+        assert work[a:b].tobytes() == raw and not work[:a].any() and not work[b:].any()
     assert all(o[0] == wire for o in outs)  # forwarded as framed
-    assert all(mm[a:b].tobytes() == raw for mm in mirrors)
+    assert all(mm[a:b].tobytes() == raw and not mm[:a].any() and not mm[b:].any() for mm in mirrors)
     assert io[B.IO_GOT] == len(wire)
-    assert times[B.T_COPY] > 0
+    assert times[B.T_COPY] > 0 or not (keep or mirrored)
 
 
 @pytest.mark.parametrize("k,m,mirrored,divisor", [(3, 2, 2, 1), (2, 1, 0, 1), (16, 2, 1, 1), (1, 1, 1, 5)])
@@ -259,32 +262,6 @@ def test_a_root_that_discards_work_sends_down_and_fills_the_mirrors_without_touc
     for mm in mirrors:
         assert mm[a:b].tobytes() == want and not mm[:a].any() and not mm[b:].any()
     assert all(np.array_equal(x, old) for x, old in zip(own, before, strict=True))  # the inputs stay as they were
-
-
-@pytest.mark.parametrize("mirrored", [0, 2])
-def test_down_chunk_that_discards_work_forwards_and_fills_the_mirrors_only(mirrored: int) -> None:
-    rng = np.random.default_rng(mirrored)
-    count, a, b, blk = 70_000, 5_000, 69_999, 16_384
-    raw = rng.standard_normal(b - a).astype(np.float32).tobytes()
-    wire = framed(raw, blk * 4)
-    up = socket.socketpair()
-    pre = np.frombuffer(wire[:1500], dtype=np.uint8).copy()
-    tx = _sender(up[1], wire[1500:])
-    links = [socket.socketpair() for _ in range(2)]
-    outs: list[list[bytes]] = [[], []]
-    rxs = [_receiver(theirs, len(wire), outs[i]) for i, (_, theirs) in enumerate(links)]
-    mirrors = [np.zeros(count, np.float32) for _ in range(mirrored)]
-    scratch = np.empty(blk * 4, np.uint8)
-    io = B.new_io(1)
-    rc = B.down_chunk(up[0].fileno(), pre, B.DISCARD, scratch.ctypes.data,
-                      np.array([s.fileno() for s, _ in links], np.int64), _addrs(mirrors), 4, a, b, blk, io,
-                      np.zeros(1, np.int64), np.zeros(4), *_NO_SYNC)
-    for th in [tx, *rxs]:
-        th.join(10)
-    assert rc == B.OK
-    assert all(o[0] == wire for o in outs)
-    assert all(mm[a:b].tobytes() == raw and not mm[:a].any() and not mm[b:].any() for mm in mirrors)
-    assert io[B.IO_GOT] == len(wire)
 
 
 def test_a_root_that_discards_work_ends_its_frames_with_aborted_blocks_from_its_scratch() -> None:
