@@ -73,6 +73,7 @@ from numba.extending import intrinsic
 from fireflyer.core.errors import ProtocolError
 
 from ._lowp import F32, I32
+from ._rootpass import sum_store
 from .caches import SYS_CACHE, cache_bytes
 from .copies import _fan_out, _plain
 from .kernels import _SUM, MAX_INPUTS, _reduce_int, _reduce_typed, _reduce_typed_acc, _voidptr
@@ -648,9 +649,20 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
     # case): then each sub-block's result is stored over the ranks' lines just read (see
     # _reduce_in_place), and only the sends down read the block from ``scratch``
     in_place = stage and fmt == F32 and not wide and _is_own(own, work, mirrors)
+    # ... and a sum (avg: a sum, divided) over a child or more goes through one pass per vector
+    # (_rootpass.sum_store) whose result lands over the first child's block, just received, in
+    # the cache, from which it goes down: no scratch block written, nothing stored twice (a
+    # ring's landing step sends nothing down, so its result goes to the ranks' buffers only)
+    one_pass = in_place and op == _SUM and m > 0
+    to_slot = 1 if one_pass and parent != LAND else 0
+    finals = np.empty(to_slot + k if one_pass else 0, np.int64)  # where the result goes: the slot, own
+    if one_pass:
+        finals[to_slot:] = own
+    ins_at = np.empty(k + m if one_pass else 0, np.int64)  # sum_store's room for the addresses
+    finals_at = np.empty(finals.shape[0], np.int64)
     n_sub = sub if sub > 0 else _SUB
-    acc = np.empty(n_sub if in_place else 0, np.float32)
-    acc2 = np.empty(n_sub if in_place else 0, np.float32)
+    acc = np.empty(n_sub if in_place and not one_pass else 0, np.float32)
+    acc2 = np.empty(n_sub if in_place and not one_pass else 0, np.float32)
     if parent >= 0:
         outs = np.full(1, parent, np.int64)
         spare = scratch  # an aborted block's bytes: any block-sized room of ours
@@ -678,6 +690,11 @@ def up_chunk(fmt, op, isz, own, fds, pre, pre_len, slots, scratch, work, parent,
         out_base = scratch - lo * isz if parent >= 0 or stage else work
         if parent >= 0 and k + m == 1:
             src = own[0] + lo * isz  # a leaf with one local input sends it as it is
+        elif one_pass:
+            if to_slot:
+                finals[0] = ins[k]
+            sum_store(ins, finals, lo, hi, divisor, ins_at, finals_at)
+            src = slots[0]
         else:
             src = out_base + lo * isz
             if wide:  # left to right all the same: the first inputs, then the rest in groups

@@ -91,9 +91,11 @@ def _data(rng: np.random.Generator, dtype: np.dtype, n: int) -> np.ndarray:
 def _run_up(dt: np.dtype, op: str, own: list[np.ndarray], kids: list[bytes], a: int, b: int, blk: int, *,
             root: bool, work: np.ndarray | None = None, mirrors: list[np.ndarray] = (), divisor: int = 1,
             pre_cut: list[int] | None = None, abort: int = 0, sub: int = 256,
-            times_out: list[np.ndarray] | None = None) -> tuple[int, np.ndarray, list[bytes], list[bytes]]:
+            times_out: list[np.ndarray] | None = None,
+            scratch_out: list[np.ndarray] | None = None) -> tuple[int, np.ndarray, list[bytes], list[bytes]]:
     """up_chunk with the children's frames arriving on socket pairs; (rc, io, what the parent got
-    or [], what each child got down or []); the loop's ``times`` are appended to ``times_out``."""
+    or [], what each child got down or []); the loop's ``times`` are appended to ``times_out``,
+    its scratch block (0xAB bytes before the call) to ``scratch_out``."""
     m = len(kids)
     links = [socket.socketpair() for _ in range(m)]
     cuts = pre_cut or [0] * m
@@ -113,7 +115,9 @@ def _run_up(dt: np.dtype, op: str, own: list[np.ndarray], kids: list[bytes], a: 
     else:
         threads.append(_receiver(up[1], wire_len, got_up))
     slots = [np.empty(blk * dt.itemsize, dtype=np.uint8) for _ in range(m)]  # (referenced: the loop gets addresses)
-    scratch = np.empty(blk * dt.itemsize, dtype=np.uint8)
+    scratch = np.full(blk * dt.itemsize, 0xAB, dtype=np.uint8)
+    if scratch_out is not None:
+        scratch_out.append(scratch)
     io = B.new_io(m)
     times = np.zeros(4)
     rc = B.up_chunk(_FORMATS[dt], _OP_CODE[op], dt.itemsize, _addrs(own),
@@ -193,8 +197,10 @@ def test_a_root_whose_outputs_are_its_inputs_stores_each_result_over_them_in_pla
     if divisor > 1:
         want = np.divide(want, dt.type(divisor))
     times: list[np.ndarray] = []
+    scratch: list[np.ndarray] = []
     rc, _, _, downs = _run_up(dt, op, own, [framed(x.tobytes(), blk * 4) for x in kids], a, b, blk,
-                              root=True, work=own[0], mirrors=own[1:], divisor=divisor, sub=sub, times_out=times)
+                              root=True, work=own[0], mirrors=own[1:], divisor=divisor, sub=sub, times_out=times,
+                              scratch_out=scratch)
     assert rc == B.OK
     for x, old in zip(own, before, strict=True):
         assert x[a:b].tobytes() == want.tobytes()
@@ -202,6 +208,9 @@ def test_a_root_whose_outputs_are_its_inputs_stores_each_result_over_them_in_pla
     for d in downs:
         assert unframed(d, blk * 4, want.nbytes) == want.tobytes()
     assert times[0][B.T_COPY] == 0 and times[0][B.T_REDUCE] > 0
+    # a sum (avg: a divided sum) takes one pass per vector, whose result lands in the first
+    # child's block and goes down from there: the scratch block is never written
+    assert (scratch[0] == 0xAB).all() == (op == "sum")
 
 
 @pytest.mark.parametrize("keep,mirrored", [(True, 3), (False, 0), (False, 2)])
