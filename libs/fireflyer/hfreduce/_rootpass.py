@@ -1,24 +1,23 @@
 """A tree root's block in one pass: sum the inputs, store the result over every output.
 
 At a tree's root a streamed float32 allreduce reduces, for each block, its local ranks'
-buffers and its children's blocks, and the result is the final value: it goes to the
-scratch block (from which the sends down read it) and over each local rank's buffer.
-:func:`._blocks._reduce_in_place` does that a sub-block at a time through the general
-kernel: the first four inputs into an accumulator, the rest folded into the scratch
-block, then one copy per rank out of the scratch block; every step reads what the
-previous one wrote, out of L1.
+buffers and its children's blocks, and the result is final: it goes down to the children
+and over each local rank's buffer.  :func:`._blocks._reduce_in_place` does that a sub-block
+at a time through the general kernel: the first four inputs into an accumulator, the rest
+folded into the scratch block (from which the sends down read it), then one copy per rank
+out of the scratch block; every step reads what the previous one wrote, out of L1.
 
 :func:`sum_store` does all of it per 64-byte vector instead: it loads the vector of each
 input, adds them left to right in registers (the general kernel's order, so the bits are
 the same), divides by the ``avg`` divisor if there is one (float32 true division, as
-:func:`._blocks._divide`), and stores the vector to every output.  Nothing is written
-twice, and each rank's line is stored while the load of it has just brought it into L1.
+:func:`._blocks._divide`), and stores the vector to every output: the ranks' buffers,
+whose lines the loads have just brought into L1, and the first child's block, which the
+engine then sends down (:func:`._blocks.up_chunk`), so no scratch block is written.
 
 Measured on the forty-first VM (Intel family 6 model 207), one process per vCPU at once,
-a 2-node root's half of 4 x 64 MiB float32 (4 ranks and a child, 512 KiB blocks):
-the sub-block path took 13.3-14.9 ms, one pass whose result lands in the child's block
-10.4-11.1 ms (over runtime counts; unrolled for them, 0.85-0.95x that), and a C loop of the
-same shape 9.5-10.4 ms.
+a 2-node root's half of 4 x 64 MiB float32 (4 ranks and a child, 512 KiB blocks), eight
+runs: the sub-block path 16.7-21.8 ms, this pass (its result landing in the child's block)
+11.3-13.2 ms, a C loop of the same shape (gcc -O2, AVX-512 intrinsics) 11.7-13.6 ms.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ _I64 = ir.IntType(64)
 #: (inputs, outputs) counts whose loop is generated unrolled: a root's ``k`` ranks (2 to 8) and
 #: ``m`` children (1 or 2) are ``k + m`` inputs and ``k + 1`` outputs (the first child's block and
 #: the ranks' buffers); a ring's landing step's ``k + 1`` inputs and ``k`` outputs.  Unrolled, a
-#: 2-node root's half (4 ranks, a child) took 0.85-0.95x the time of the loop over runtime
+#: 2-node root's half (4 ranks, a child) took 0.86-0.96x the time of the loop over runtime
 #: counts, which serves every other count
 _UNROLLED = tuple(sorted({(k + m, k + 1) for k in range(2, 9) for m in (1, 2)}
                          | {(k + 1, k) for k in range(2, 9)}))

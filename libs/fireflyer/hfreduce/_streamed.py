@@ -13,7 +13,9 @@ write-back.  Each tree's half is one frame per link and direction, moved by one
   sockets, reduced with the inputs, and sent to the parent -- or, at the root, written to
   ``work`` (divided for ``avg``), sent down to the children and copied to the mirrors --
   when ``work`` and the mirrors are the inputs themselves (the ranks' buffers, the usual
-  case) each result is stored straight over the lines just read (``_blocks._reduce_in_place``);
+  case) each result is stored straight over the lines just read (a sum in one pass per
+  vector, :func:`._rootpass.sum_store`, landing in the first child's block too, from which
+  it goes down; max / min a sub-block at a time, ``_blocks._reduce_in_place``);
 - **down** (the reader of the parent link): each block of the final half is received
   into ``work``, forwarded to the children and copied to the mirrors.
 
