@@ -72,10 +72,12 @@ from numba.extending import intrinsic
 
 from fireflyer.core.errors import ProtocolError
 
+from . import _rootpass, copies, kernels
 from ._lowp import F32, I32
 from ._rootpass import sum_store
 from .caches import SYS_CACHE, cache_bytes
 from .copies import _fan_out, _plain
+from .jitcache import drop_stale
 from .kernels import _SUM, MAX_INPUTS, _reduce_int, _reduce_typed, _reduce_typed_acc, _voidptr
 
 if TYPE_CHECKING:
@@ -773,3 +775,7 @@ def warm_up() -> None:
              0, 0, -1, none, 1, 0, 0, 1, io, abort, times, in_place_sub(1), sync, NO_SYNC)
     down_chunk(-1, np.zeros(0, np.uint8), 0, 0, none, none, 4, 0, 0, 1, io, abort, times, sync, NO_SYNC)
 
+
+#: the sources this module's jitted code is compiled from (:mod:`.jitcache`)
+JIT_SOURCES = (__file__, *kernels.JIT_SOURCES, *copies.JIT_SOURCES, *_rootpass.JIT_SOURCES)
+drop_stale(__file__, up_chunk, JIT_SOURCES)

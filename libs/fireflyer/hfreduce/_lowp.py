@@ -38,6 +38,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .jitcache import drop_stale
+
 # Format codes shared with ``kernels`` (runtime ints, so one compiled kernel
 # serves every dtype instead of one specialization per dtype).
 F32 = 0
@@ -165,3 +167,8 @@ def enc_e5m2(x: float) -> int:
     c = _sel(a < _u(0x38800000), sub, norm)  # below 2**-14: subnormal
     c = _sel(a > _u(0x7F800000), _u(0x7E), c)
     return _u(c | s)
+
+
+#: the sources this module's jitted code is compiled from (:mod:`.jitcache`)
+JIT_SOURCES = (__file__,)
+drop_stale(__file__, f32_bits, JIT_SOURCES)

@@ -28,6 +28,8 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import kernels
+from .jitcache import drop_stale
 from .kernels import _voidptr
 
 __all__ = ["VEC_ELEMENTS", "sum_store"]
@@ -35,16 +37,15 @@ __all__ = ["VEC_ELEMENTS", "sum_store"]
 #: float32 elements per vector of the pass (one 64-byte line)
 VEC_ELEMENTS = 16
 _I64 = ir.IntType(64)
-
+_I32 = ir.IntType(32)
 
 #: (inputs, outputs) counts whose loop is generated unrolled: a root's ``k`` ranks (2 to 8) and
 #: ``m`` children (1 or 2) are ``k + m`` inputs and ``k + 1`` outputs (the first child's block and
 #: the ranks' buffers); a ring's landing step's ``k + 1`` inputs and ``k`` outputs.  Unrolled, a
-#: 2-node root's half (4 ranks, a child) took 0.86-0.96x the time of the loop over runtime
+#: 2-node root's half (4 ranks, a child) took 0.83-0.96x the time of the loop over runtime
 #: counts, which serves every other count
 _UNROLLED = tuple(sorted({(k + m, k + 1) for k in range(2, 9) for m in (1, 2)}
                          | {(k + 1, k) for k in range(2, 9)}))
-_I32 = ir.IntType(32)
 
 
 @intrinsic
@@ -163,3 +164,8 @@ def _tail(ins, outs, lo, hi, divisor):  # type: ignore[no-untyped-def]
             v = v / d
         for o in range(outs.shape[0]):
             carray(_voidptr(outs[o] + j * 4), 1, np.float32)[0] = v
+
+
+#: the sources this module's jitted code is compiled from (:mod:`.jitcache`)
+JIT_SOURCES = (__file__, *kernels.JIT_SOURCES)
+drop_stale(__file__, sum_store, JIT_SOURCES)

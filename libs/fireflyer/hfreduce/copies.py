@@ -29,6 +29,8 @@ from numba.extending import intrinsic
 
 from fireflyer.core.errors import InvalidArgument
 
+from . import kernels
+from .jitcache import drop_stale
 from .kernels import _sfence, _voidptr
 
 __all__ = ["copy_into", "NT_MIN_BYTES"]
@@ -121,3 +123,8 @@ def copy_into(dsts: Sequence[np.ndarray], src: np.ndarray) -> None:
         return
     addrs = np.fromiter((d.ctypes.data for d in dsts), dtype=np.int64, count=len(dsts))
     _fan_out(addrs, src.ctypes.data, src.nbytes, _BLOCK)
+
+
+#: the sources this module's jitted code is compiled from (:mod:`.jitcache`)
+JIT_SOURCES = (__file__, *kernels.JIT_SOURCES)
+drop_stale(__file__, _fan_out, JIT_SOURCES)

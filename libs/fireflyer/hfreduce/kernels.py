@@ -78,6 +78,7 @@ from numba.extending import intrinsic, overload
 from numba.np.numpy_support import as_dtype
 
 from fireflyer.core.errors import InvalidArgument
+from fireflyer.hfreduce import _lowp
 from fireflyer.hfreduce._lowp import (
     BF16,
     E4M3,
@@ -96,6 +97,7 @@ from fireflyer.hfreduce._lowp import (
     enc_f16,
 )
 from fireflyer.hfreduce.caches import cache_bytes
+from fireflyer.hfreduce.jitcache import drop_stale
 
 __all__ = [
     "BLOCK",
@@ -918,3 +920,8 @@ def warm_up() -> None:
     if _NT_STORES:
         x = np.zeros(n, np.float32)
         _reduce_stream(_addr(x), np.array([_addr(x), _addr(x)], np.int64), 0, n, *_stream_acc())
+
+
+#: the sources this module's jitted code is compiled from (:mod:`.jitcache`)
+JIT_SOURCES = (__file__, *_lowp.JIT_SOURCES)
+drop_stale(__file__, _reduce_typed, JIT_SOURCES)

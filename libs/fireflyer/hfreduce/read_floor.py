@@ -27,6 +27,8 @@ from numba.extending import intrinsic
 
 from fireflyer.core.errors import InvalidArgument
 
+from . import kernels
+from .jitcache import drop_stale
 from .kernels import _share_chunks, _voidptr
 
 __all__ = ["read_once", "BLOCK_BYTES", "CHUNK_BYTES"]
@@ -132,3 +134,8 @@ def read_once(bufs: Sequence[np.ndarray], threads: int = 1, *, block: int = BLOC
     for s in sinks:
         digest ^= s
     return digest
+
+
+#: the sources this module's jitted code is compiled from (:mod:`.jitcache`)
+JIT_SOURCES = (__file__, *kernels.JIT_SOURCES)
+drop_stale(__file__, _read_range, JIT_SOURCES)
