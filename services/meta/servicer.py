@@ -33,6 +33,7 @@ from fireflyer.core.errors import InvalidArgument, NotFound, Unavailable
 from fireflyer.fs import meta_codec as codec
 from fireflyer.kv import KVWouldBlock
 from fireflyer.meta import Caller, FsInvalidArgument, MetaStore
+from fireflyer.meta.homes import gets_home, home_path, valid_home_name
 from fireflyer.rpc import current_principal
 
 from .users import UserIds, ids_for
@@ -260,8 +261,17 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         mode = opt("mode")
         if mode is not None:
             check_mode(mode, path)
-        inode = await self._write(self.store.setattr, self._caller(), path, mode=mode, uid=opt("uid"),
-                                gid=opt("gid"), atime=opt("atime"), mtime=opt("mtime"),
+        uid, gid = opt("uid"), opt("gid")
+        owner = opt("owner")
+        if owner is not None:
+            if uid is not None or gid is not None:
+                raise FsInvalidArgument("give owner (a user name) or uid/gid, not both", path=path, owner=owner)
+            if not owner or "\0" in owner:
+                raise FsInvalidArgument(f"owner {owner!r} is not a user name", path=path, owner=owner[:64])
+            ids = ids_for(owner, admin_role=False, table=self.users)
+            uid, gid = ids.uid, ids.gid
+        inode = await self._write(self.store.setattr, self._caller(), path, mode=mode, uid=uid,
+                                gid=gid, atime=opt("atime"), mtime=opt("mtime"),
                                 request_id=request_id(request))
         return pb.SetattrReply(inode=codec.inode_to_pb(inode))
 
@@ -281,3 +291,15 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     async def Endpoints(self, request: pb.EndpointsRequest, context: Any) -> pb.EndpointsReply:
         return pb.EndpointsReply(wire_address=self.wire_address)
+
+    async def WhoAmI(self, request: pb.WhoAmIRequest, context: Any) -> pb.WhoAmIReply:
+        """The caller, and its home (made here when missing: see fireflyer.meta.homes)."""
+        who = current_principal()
+        caller = self._caller()
+        reply = pb.WhoAmIReply(user=who.user, roles=sorted(who.roles), uid=caller.uid, gid=caller.gid)
+        if gets_home(r for r in ("user", "admin", "service") if who.has_role(r)) and valid_home_name(who.user):
+            # the home belongs to the user's own ids (an admin's: root's)
+            _, created = await self._write(self.store.ensure_home, who.user, caller.uid, caller.gid)
+            reply.home = home_path(who.user)
+            reply.home_created = created
+        return reply

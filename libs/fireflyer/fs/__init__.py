@@ -11,11 +11,14 @@
 - :class:`~fireflyer.fs.fsspec_impl.FireFlyerFileSystem`: fsspec protocol ``ff3fs``
   (imported lazily: fsspec is only needed by those who use it).
 
-Results are the ``fireflyer.meta`` models (``Inode``, ``DirEntry`` ...).
+Relative paths (no leading ``/``) resolve against the caller's home ``/home/<user>``
+(:mod:`~fireflyer.fs.home`).  Results are the ``fireflyer.meta`` models (``Inode``, ``DirEntry`` ...).
 """
 
 from .client import BatchResult, FileSystem, FsClientSettings, connect
 from .file import File
+from .home import Identity, resolve_path
 from .meta_client import MetaClient, parse_addresses
 
-__all__ = ["MetaClient", "parse_addresses", "connect", "FileSystem", "File", "FsClientSettings", "BatchResult"]
+__all__ = ["MetaClient", "parse_addresses", "connect", "FileSystem", "File", "FsClientSettings", "BatchResult",
+           "Identity", "resolve_path"]

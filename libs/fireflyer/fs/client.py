@@ -18,6 +18,11 @@ from ``FF_META_ADDR`` / ``FF_MGMTD_ADDR`` / ``FF_TOKEN``, else from the cluster 
 ``ff up`` recorded under ``state_dir`` (``FF_STATE_DIR``, default ``.ff``; the user
 token).  Timing comes from :class:`FsClientSettings` (``FF_FS_*``).
 
+**Paths.**  A path without a leading ``/`` is relative to the caller's home
+``/home/<user>`` (``fs.home``; meta creates it on the first ``WhoAmI``, which the client
+sends when it first meets a relative path): ``fs.write_bytes("data/x.bin", b)`` writes
+``/home/<user>/data/x.bin``.
+
 **Errors.**  File-system errors are ``FsError`` with ``errno`` and ``path`` (ENOENT,
 EISDIR, EACCES, EEXIST ...: also ``OSError``); bad arguments are
 ``InvalidArgument`` (also ``ValueError``), raised before anything is sent; storage
@@ -45,6 +50,7 @@ from fireflyer.storage.client_min import MgmtdRouting, StorageClient
 
 from . import batch as _batch
 from .file import File, check_range
+from .home import Identity
 from .length import LengthReporter, exact_length
 from .meta_client import MetaClient, parse_addresses
 
@@ -201,6 +207,22 @@ class FileSystem:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- identity -------------------------------------------------------------------------
+    def whoami(self) -> Identity:
+        """Who this client's token is: user, roles, uid/gid and home (meta makes the home if missing)."""
+        return self._call(self.meta.whoami())
+
+    @property
+    def home(self) -> str:
+        """The caller's home ``/home/<user>``, against which relative paths resolve (asked once)."""
+        return self._call(self.meta.home())
+
+    def abspath(self, path: str) -> str:
+        """``path`` made absolute: a relative path is under :attr:`home` (:mod:`.home`)."""
+        if isinstance(path, str) and path.startswith("/"):
+            return path
+        return self._call(self.meta.abspath(path))
 
     # -- namespace ------------------------------------------------------------------------
     def _with_local_length(self, inode: Inode) -> Inode:

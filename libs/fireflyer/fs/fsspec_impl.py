@@ -5,6 +5,9 @@
     fs = fsspec.filesystem("ff3fs", meta="h:7001", mgmtd="h:7000", token="...")
     with fsspec.open("ff3fs:///data/x.parquet", "rb") as f: ...
 
+A path without a leading ``/`` (and no ``ff3fs://``) is relative to the caller's home
+``/home/<user>`` (:func:`fireflyer.fs.home.resolve_path`); ``ff3fs://x`` URLs are absolute.
+
 Registered through the ``fsspec.specs`` entry point (pyproject).  A thin adapter over
 :class:`~fireflyer.fs.client.FileSystem`: file objects are the client's own buffered
 files, ``cat_file`` is a positional read, ``mv`` of one path is an atomic rename.
@@ -65,9 +68,15 @@ class FireFlyerFileSystem(AbstractFileSystem):  # type: ignore[misc]
             return [cls._strip_protocol(p) for p in path]
         path = str(path)
         if path.startswith("ff3fs://"):
-            path = path[len("ff3fs://"):]
-        path = "/" + path.lstrip("/")
+            path = "/" + path[len("ff3fs://"):].lstrip("/")
+        elif path and not path.startswith("/"):
+            # relative: stays relative here (a classmethod knows no home); _path resolves it
+            return path.rstrip("/") or "."
         return path.rstrip("/") or "/"
+
+    def _path(self, path: Any) -> str:
+        """The absolute path of ``path``: a URL or absolute path as is, a relative one under the home."""
+        return str(self.client.abspath(self._strip_protocol(path)))
 
     # -- info -----------------------------------------------------------------------------
     def _entry(self, path: str, inode: Inode) -> dict[str, Any]:
@@ -81,12 +90,12 @@ class FireFlyerFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     @_oserrors
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
-        path = self._strip_protocol(path)
+        path = self._path(path)
         return self._entry(path, self.client.stat(path))
 
     @_oserrors
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
-        path = self._strip_protocol(path)
+        path = self._path(path)
         inode = self.client.stat(path)
         if inode.type is not FileType.DIR:
             entries = [self._entry(path, inode)]
@@ -110,7 +119,7 @@ class FireFlyerFileSystem(AbstractFileSystem):  # type: ignore[misc]
     # -- namespace ------------------------------------------------------------------------
     @_oserrors
     def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
-        path = self._strip_protocol(path)
+        path = self._path(path)
         if create_parents:
             if self.client.exists(path):
                 raise FileExistsError(E.EEXIST, "file exists", path)
@@ -120,7 +129,7 @@ class FireFlyerFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     @_oserrors
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
-        path = self._strip_protocol(path)
+        path = self._path(path)
         if path == "/":
             return
         if self.client.exists(path):
@@ -131,11 +140,11 @@ class FireFlyerFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     @_oserrors
     def rmdir(self, path: str) -> None:
-        self.client.rmdir(self._strip_protocol(path))
+        self.client.rmdir(self._path(path))
 
     @_oserrors
     def _rm(self, path: str) -> None:
-        path = self._strip_protocol(path)
+        path = self._path(path)
         if self.client.lstat(path).type is FileType.DIR:
             self.client.rmdir(path)
         else:
@@ -148,7 +157,7 @@ class FireFlyerFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def mv(self, path1: Any, path2: Any, recursive: bool = False, maxdepth: int | None = None,
            **kwargs: Any) -> None:
         if isinstance(path1, str) and isinstance(path2, str) and not self._has_magic(path1):
-            p1, p2 = self._strip_protocol(path1), self._strip_protocol(path2)
+            p1, p2 = self._path(path1), self._path(path2)
             if self.client.isdir(p2):
                 p2 = f"{p2.rstrip('/')}/{p1.rsplit('/', 1)[-1]}"
             self.client.rename(p1, p2)
@@ -161,7 +170,7 @@ class FireFlyerFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     @_oserrors
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
-        p1, p2 = self._strip_protocol(path1), self._strip_protocol(path2)
+        p1, p2 = self._path(path1), self._path(path2)
         if self.client.isdir(p1):
             self.makedirs(p2, exist_ok=True)
             return
@@ -186,7 +195,7 @@ class FireFlyerFileSystem(AbstractFileSystem):  # type: ignore[misc]
     @_oserrors
     def _open(self, path: str, mode: str = "rb", block_size: int | None = None, autocommit: bool = True,
               cache_options: dict[str, Any] | None = None, **kwargs: Any) -> Any:
-        path = self._strip_protocol(path)
+        path = self._path(path)
         if self.client.isdir(path):
             raise IsADirectoryError(E.EISDIR, "is a directory", path)
         if "w" in mode or "a" in mode or "x" in mode:
@@ -195,7 +204,7 @@ class FireFlyerFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     @_oserrors
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
-        path = self._strip_protocol(path)
+        path = self._path(path)
         with self.client.open(path, "rb", buffering=0) as f:
             size = f.size()
             s = 0 if start is None else (start if start >= 0 else max(0, size + start))
@@ -205,6 +214,6 @@ class FireFlyerFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     @_oserrors
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
-        path = self._strip_protocol(path)
+        path = self._path(path)
         with self._open(path, "xb" if mode == "create" else "wb") as f:
             f.write(value)

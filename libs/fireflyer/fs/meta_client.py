@@ -60,6 +60,7 @@ from fireflyer.rpc import connect as rpc_connect
 from fireflyer.wire.aio import AioConnection
 
 from . import meta_codec as codec
+from .home import Identity, resolve_path
 
 __all__ = ["MetaClient", "parse_addresses", "TRANSPORTS", "WIRE_RECHECK_S"]
 
@@ -138,6 +139,8 @@ class MetaClient:
         self._set_addresses(addresses)
         #: calls that were retried on another replica (for tests and the benchmark)
         self.failovers = 0
+        #: the WhoAmI answer, asked on first need (a relative path, ``home()``)
+        self._identity: Identity | None = None
 
     @classmethod
     async def connect(cls, addresses: str | Sequence[str] | None = None, token: str | None = None, *,
@@ -282,38 +285,60 @@ class MetaClient:
                 return None
             return replica.wire
 
+    # -- identity and relative paths ----------------------------------------------------
+    async def whoami(self) -> Identity:
+        """Who this client's token is, and its home (meta creates the home when missing)."""
+        r = await self._call("WhoAmI", pb.WhoAmIRequest())
+        ident = Identity(user=r.user, roles=tuple(r.roles), home=r.home, uid=r.uid, gid=r.gid,
+                         home_created=r.home_created)
+        self._identity = ident
+        return ident
+
+    async def home(self) -> str:
+        """The caller's home (``/home/<user>``; "" for a service), asked once and remembered."""
+        if self._identity is None:
+            await self.whoami()
+        assert self._identity is not None
+        return self._identity.home
+
+    async def abspath(self, path: str) -> str:
+        """``path`` if absolute, else resolved against the caller's home (:mod:`.home`)."""
+        if isinstance(path, str) and path.startswith("/"):
+            return path
+        return resolve_path(path, await self.home())
+
     # -- operations ---------------------------------------------------------------------
     async def mkdir(self, path: str, mode: int = 0o755, *, parents: bool = False,
                     policy: LayoutPolicy | None = None) -> Inode:
-        req = pb.MkdirRequest(path=path, mode=mode, parents=parents, request_id=_rid())
+        req = pb.MkdirRequest(path=await self.abspath(path), mode=mode, parents=parents, request_id=_rid())
         if policy is not None:
             req.policy.CopyFrom(codec.policy_to_pb(policy))
         return codec.inode_from_pb((await self._call("Mkdir", req)).inode)
 
     async def create(self, path: str, mode: int = 0o644, *, flags: int = os.O_CREAT,
                      policy: LayoutPolicy | None = None) -> OpenResult:
-        req = pb.CreateRequest(path=path, mode=mode, flags=flags, request_id=_rid())
+        req = pb.CreateRequest(path=await self.abspath(path), mode=mode, flags=flags, request_id=_rid())
         if policy is not None:
             req.policy.CopyFrom(codec.policy_to_pb(policy))
         reply = await self._call("Create", req)
         return OpenResult(inode=codec.inode_from_pb(reply.inode), created=reply.created)
 
     async def open(self, path: str, flags: int = os.O_RDONLY) -> OpenResult:
-        reply = await self._call("Open", pb.OpenRequest(path=path, flags=flags))
+        reply = await self._call("Open", pb.OpenRequest(path=await self.abspath(path), flags=flags))
         return OpenResult(inode=codec.inode_from_pb(reply.inode), created=reply.created)
 
     async def stat(self, path: str) -> Inode:
-        return codec.inode_from_pb((await self._call("Stat", pb.StatRequest(path=path, follow=True))).inode)
+        return codec.inode_from_pb((await self._call("Stat", pb.StatRequest(path=await self.abspath(path), follow=True))).inode)
 
     async def lstat(self, path: str) -> Inode:
-        return codec.inode_from_pb((await self._call("Stat", pb.StatRequest(path=path, follow=False))).inode)
+        return codec.inode_from_pb((await self._call("Stat", pb.StatRequest(path=await self.abspath(path), follow=False))).inode)
 
     async def stat_inode(self, inode_id: int) -> Inode:
         return codec.inode_from_pb((await self._call("StatInode", pb.StatInodeRequest(inode_id=inode_id))).inode)
 
     async def readdir(self, path: str, *, after: str = "", limit: int = 0) -> ReaddirPage:
         """One page (``limit`` 0: the server's default of 128)."""
-        return codec.page_from_pb(await self._call("Readdir", pb.ReaddirRequest(path=path, after=after,
+        return codec.page_from_pb(await self._call("Readdir", pb.ReaddirRequest(path=await self.abspath(path), after=after,
                                                                                 limit=limit)))
 
     async def iterdir(self, path: str, *, page_size: int = 0) -> AsyncIterator[DirEntry]:
@@ -331,33 +356,36 @@ class MetaClient:
         return [e async for e in self.iterdir(path)]
 
     async def rename(self, src: str, dst: str) -> None:
-        await self._call("Rename", pb.RenameRequest(src=src, dst=dst, request_id=_rid()))
+        await self._call("Rename", pb.RenameRequest(src=await self.abspath(src), dst=await self.abspath(dst), request_id=_rid()))
 
     async def unlink(self, path: str) -> None:
-        await self._call("Unlink", pb.UnlinkRequest(path=path, request_id=_rid()))
+        await self._call("Unlink", pb.UnlinkRequest(path=await self.abspath(path), request_id=_rid()))
 
     async def rmdir(self, path: str) -> None:
-        await self._call("Rmdir", pb.RmdirRequest(path=path, request_id=_rid()))
+        await self._call("Rmdir", pb.RmdirRequest(path=await self.abspath(path), request_id=_rid()))
 
     async def symlink(self, target: str, link_path: str) -> Inode:
-        reply = await self._call("Symlink", pb.SymlinkRequest(target=target, link_path=link_path, request_id=_rid()))
+        reply = await self._call("Symlink", pb.SymlinkRequest(target=target, link_path=await self.abspath(link_path), request_id=_rid()))
         return codec.inode_from_pb(reply.inode)
 
     async def readlink(self, path: str) -> str:
-        return str((await self._call("Readlink", pb.ReadlinkRequest(path=path))).target)
+        return str((await self._call("Readlink", pb.ReadlinkRequest(path=await self.abspath(path)))).target)
 
     async def link(self, existing: str, new_path: str) -> Inode:
-        req = pb.LinkRequest(existing=existing, new_path=new_path, request_id=_rid())
+        req = pb.LinkRequest(existing=await self.abspath(existing), new_path=await self.abspath(new_path), request_id=_rid())
         return codec.inode_from_pb((await self._call("Link", req)).inode)
 
     async def truncate(self, path: str, length: int) -> Inode:
-        req = pb.TruncateRequest(path=path, length=length, request_id=_rid())
+        req = pb.TruncateRequest(path=await self.abspath(path), length=length, request_id=_rid())
         return codec.inode_from_pb((await self._call("Truncate", req)).inode)
 
     async def setattr(self, path: str, *, mode: int | None = None, uid: int | None = None,
-                      gid: int | None = None, atime: float | None = None, mtime: float | None = None) -> Inode:
-        fields = {"mode": mode, "uid": uid, "gid": gid, "atime": atime, "mtime": mtime}
-        req = pb.SetattrRequest(path=path, request_id=_rid(), **{k: v for k, v in fields.items() if v is not None})
+                      gid: int | None = None, atime: float | None = None, mtime: float | None = None,
+                      owner: str | None = None) -> Inode:
+        """chmod/chown/utimes; ``owner`` is chown by user name (meta maps it to uid and gid; admin only)."""
+        fields = {"mode": mode, "uid": uid, "gid": gid, "atime": atime, "mtime": mtime, "owner": owner}
+        req = pb.SetattrRequest(path=await self.abspath(path), request_id=_rid(),
+                                **{k: v for k, v in fields.items() if v is not None})
         return codec.inode_from_pb((await self._call("Setattr", req)).inode)
 
     async def statfs(self) -> StatFs:
@@ -369,7 +397,7 @@ class MetaClient:
 
     async def set_dir_policy(self, path: str, policy: LayoutPolicy | None) -> Inode:
         """Set (None: clear) the layout policy that files created below ``path`` get."""
-        req = pb.SetDirPolicyRequest(path=path, request_id=_rid())
+        req = pb.SetDirPolicyRequest(path=await self.abspath(path), request_id=_rid())
         if policy is not None:
             req.policy.CopyFrom(codec.policy_to_pb(policy))
         return codec.inode_from_pb((await self._call("SetDirPolicy", req)).inode)

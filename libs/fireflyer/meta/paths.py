@@ -27,6 +27,7 @@ from fireflyer.core.errors import FsError
 from fireflyer.kv import Txn
 
 from . import keys
+from .homes import denied_message, permission_hint
 from .model import ROOT_ID, Caller, FileType, FsInvalidArgument, Inode
 from .perms import X, allowed
 
@@ -145,7 +146,8 @@ class Walker:
         if cur.type is not FileType.DIR:
             raise fs_error(E.ENOTDIR, "not a directory", self.path)
         if not allowed(self.who, cur, X):
-            raise fs_error(E.EACCES, "search permission denied", self.path)
+            raise FsError(denied_message("search", self.path, self.who.user, write=False), errno=E.EACCES,
+                          path=self.path, hint=permission_hint(self.who.user, write=False))
 
     def follow(self, link: Inode, cur: Inode) -> tuple[Inode, list[str]]:
         """Where symlink ``link`` (found in directory ``cur``) points: (start dir, comps)."""

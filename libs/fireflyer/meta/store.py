@@ -47,6 +47,7 @@ from fireflyer.kv import KV, Txn
 
 from . import keys
 from .alloc import InodeAllocator, read_counter
+from .homes import HOME_ROOT, denied_message, permission_hint, plan_home
 from .layout import make_layout, rr_initial, rr_shard
 from .model import (
     ROOT_ID,
@@ -188,7 +189,9 @@ class MetaStore:
 
     def _need(self, w: Walker, inode: Inode, want: int, what: str) -> None:
         if not allowed(w.who, inode, want):
-            raise fs_error(E.EACCES, f"permission denied ({what})", w.path)
+            write = bool(want & W)
+            raise FsError(denied_message(what, w.path, w.who.user, write=write), errno=E.EACCES, path=w.path,
+                          hint=permission_hint(w.who.user, write=write))
 
     def _effective_policy(self, w: Walker, directory: Inode) -> LayoutPolicy:
         cur = directory
@@ -285,6 +288,44 @@ class MetaStore:
             return cur
 
         return self._run(fn, write=True, request_id=request_id, result_type=Inode)
+
+    def ensure_home(self, user: str, uid: int, gid: int) -> tuple[Inode, bool]:
+        """Make ``/home`` (root's, 0755) and ``/home/<user>`` (owned by uid/gid, 0700) where
+        missing (see :mod:`.homes`); (the home's inode, whether this call made it).  An
+        existing home is returned as it is, whatever its mode or owner (an admin may have
+        changed them); a non-directory in its place is EEXIST.  Idempotent, one transaction."""
+        ids = _Ids(self.alloc)
+        root_caller = Caller(0, 0, admin=True)
+
+        def fn(txn: Txn) -> tuple[Inode, bool]:
+            ids.reset()
+            w = Walker(txn, root_caller, snapshot=False, path=HOME_ROOT)
+            root = w.root()
+            found = w.entry(root.id, HOME_ROOT.lstrip("/"))
+            base = w.must_inode(found[0]) if found is not None else None
+            if base is not None and base.type is not FileType.DIR:
+                raise fs_error(E.EEXIST, "exists and is not a directory", HOME_ROOT)
+            home = None
+            if base is not None:
+                entry = w.entry(base.id, user)
+                home = w.must_inode(entry[0]) if entry is not None else None
+            steps = plan_home(user, uid, gid, root_exists=base is not None, home_exists=home is not None)
+            for step in steps:
+                parent = root if step.path == HOME_ROOT else base
+                assert parent is not None
+                mk = Walker(txn, Caller(step.uid, step.gid, admin=True), snapshot=False, path=step.path)
+                made = self._new_dir(txn, mk, parent, step.path.rsplit("/", 1)[1], step.mode, ids, None)
+                if step.path == HOME_ROOT:
+                    base = made
+                else:
+                    home = made
+            assert home is not None
+            if home.type is not FileType.DIR:
+                raise fs_error(E.EEXIST, "a non-directory is in the place of the home", f"{HOME_ROOT}/{user}")
+            return home, any(s.path != HOME_ROOT for s in steps)
+
+        inode, created = self._run(fn, write=True, result_type=tuple[Inode, bool])
+        return inode, created
 
     def rmdir(self, who: Caller, path: str, *, request_id: bytes | None = None) -> None:
         """Remove an empty directory (ENOTEMPTY, ENOTDIR; EBUSY for ``/``)."""

@@ -55,7 +55,7 @@ async def test_errors_over_the_wire_keep_type_errno_and_path(wire_meta: Meta) ->
             await bob.create("/private/x")
         assert info.value.errno == E.EACCES and info.value.fields["path"] == "/private/x"
         with pytest.raises(InvalidArgument):
-            await bob.stat("relative/path")
+            await bob.stat("/bad\0path")
         assert set(bob.transports().values()) == {f"wire {wire_meta.service.servicer.wire_address}"}
 
 

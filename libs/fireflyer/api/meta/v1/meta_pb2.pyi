@@ -275,13 +275,14 @@ class TruncateReply(_message.Message):
     def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ...) -> None: ...
 
 class SetattrRequest(_message.Message):
-    __slots__ = ("path", "mode", "uid", "gid", "atime", "mtime", "request_id")
+    __slots__ = ("path", "mode", "uid", "gid", "atime", "mtime", "owner", "request_id")
     PATH_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     GID_FIELD_NUMBER: _ClassVar[int]
     ATIME_FIELD_NUMBER: _ClassVar[int]
     MTIME_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     path: str
     mode: int
@@ -289,8 +290,9 @@ class SetattrRequest(_message.Message):
     gid: int
     atime: float
     mtime: float
+    owner: str
     request_id: bytes
-    def __init__(self, path: _Optional[str] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., atime: _Optional[float] = ..., mtime: _Optional[float] = ..., request_id: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, path: _Optional[str] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., atime: _Optional[float] = ..., mtime: _Optional[float] = ..., owner: _Optional[str] = ..., request_id: _Optional[bytes] = ...) -> None: ...
 
 class SetattrReply(_message.Message):
     __slots__ = ("inode",)
@@ -357,3 +359,23 @@ class EndpointsReply(_message.Message):
     WIRE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     wire_address: str
     def __init__(self, wire_address: _Optional[str] = ...) -> None: ...
+
+class WhoAmIRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WhoAmIReply(_message.Message):
+    __slots__ = ("user", "roles", "home", "uid", "gid", "home_created")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
+    HOME_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    HOME_CREATED_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    home: str
+    uid: int
+    gid: int
+    home_created: bool
+    def __init__(self, user: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., home: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., home_created: _Optional[bool] = ...) -> None: ...

@@ -124,6 +124,11 @@ class MetaServiceStub:
                 request_serializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.EndpointsRequest.SerializeToString,
                 response_deserializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.EndpointsReply.FromString,
                 _registered_method=True)
+        self.WhoAmI = channel.unary_unary(
+                '/ff.meta.v1.MetaService/WhoAmI',
+                request_serializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.WhoAmIRequest.SerializeToString,
+                response_deserializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.WhoAmIReply.FromString,
+                _registered_method=True)
 
 
 class MetaServiceServicer:
@@ -245,6 +250,15 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WhoAmI(self, request, context):
+        """who the bearer token is (user, roles, uid/gid) and its home /home/<user>; for a
+        caller with the user role the home is created here when missing (mode 0700, owned
+        by the caller; /home itself 0755, root's), so the first WhoAmI of a new user makes it
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -337,6 +351,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.Endpoints,
                     request_deserializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.EndpointsRequest.FromString,
                     response_serializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.EndpointsReply.SerializeToString,
+            ),
+            'WhoAmI': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoAmI,
+                    request_deserializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.WhoAmIRequest.FromString,
+                    response_serializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.WhoAmIReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -825,6 +844,33 @@ class MetaService:
             '/ff.meta.v1.MetaService/Endpoints',
             fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.EndpointsRequest.SerializeToString,
             fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.EndpointsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhoAmI(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ff.meta.v1.MetaService/WhoAmI',
+            fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.WhoAmIRequest.SerializeToString,
+            fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.WhoAmIReply.FromString,
             options,
             channel_credentials,
             insecure,
