@@ -5,7 +5,14 @@
     ff fs stat [--json] PATH             ff fs ln [-s] TARGET LINK
     ff fs put LOCAL PATH                 ff fs get PATH LOCAL
     ff fs cat PATH                       ff fs du [-s] PATH
-    ff fs cp SRC DST
+    ff fs cp SRC DST                     ff fs chmod MODE PATH
+    ff fs chown USER PATH  (admin)       ff whoami [--json]
+
+A PATH without a leading ``/`` is relative to your home ``/home/<user>`` (HDFS-like:
+``ff fs put x.bin data/x.bin`` writes ``/home/<user>/data/x.bin``; ``ff fs ls`` lists
+the home).  Meta makes the home on first use; ``ff whoami`` prints user, roles, home.
+``mkdir -p -m MODE`` on an existing directory of another mode fails with EEXIST
+naming its mode (change it with ``ff fs chmod``) rather than succeed silently.
 
 put/get/cat/cp move file data through the storage nodes (mgmtd is found through
 ``FF_MGMTD_ADDR`` or cluster.json); ``-`` as LOCAL is stdin/stdout.
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
 import stat as statmod
 import time
@@ -30,7 +38,7 @@ from typing import Any
 
 from fireflyer.core.errors import FailedPrecondition, NotFound
 
-__all__ = ["register", "resolve_meta"]
+__all__ = ["register", "resolve_meta", "whoami_text"]
 
 
 def resolve_meta(state_dir: Path, *, address: str | None, token: str | None, role: str) -> tuple[list[str], str]:
@@ -101,8 +109,55 @@ def _print_stat(path: str, inode: Any, as_json: bool) -> None:
 # --------------------------------------------------------------------------- commands
 
 
+def _octal(text: str) -> int:
+    from fireflyer.core.errors import InvalidArgument
+
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o7777:
+        raise InvalidArgument(f"mode {text!r} is not octal permission bits like 755 or 0700", mode=text)
+    return mode
+
+
 async def _mkdir(meta: Any, ns: argparse.Namespace) -> int:
-    await meta.mkdir(ns.path, int(ns.mode, 8), parents=ns.parents)
+    from fireflyer.core.errors import FsError
+
+    mode = _octal(ns.mode or "755")
+    inode = await meta.mkdir(ns.path, mode, parents=ns.parents)
+    if ns.parents and ns.mode is not None and inode.mode != mode:
+        # -p returns an existing directory as it is: with an explicit -m, another mode is an error
+        path = await meta.abspath(ns.path)
+        raise FsError(f"{path} exists with mode {inode.mode:04o}, not {mode:04o}: change it with "
+                      f"`ff fs chmod {mode:o} {ns.path}`", errno=errno.EEXIST, path=path, mode=f"{inode.mode:04o}")
+    return 0
+
+
+async def _chmod(meta: Any, ns: argparse.Namespace) -> int:
+    await meta.setattr(ns.path, mode=_octal(ns.mode))
+    return 0
+
+
+async def _chown(meta: Any, ns: argparse.Namespace) -> int:
+    await meta.setattr(ns.path, owner=ns.user)
+    return 0
+
+
+def whoami_text(ident: Any) -> str:
+    """``ff whoami``'s lines: user, roles (comma separated), home ("-" for none)."""
+    return f"user:  {ident.user}\nroles: {','.join(ident.roles) or '-'}\nhome:  {ident.home or '-'}"
+
+
+async def _whoami(meta: Any, ns: argparse.Namespace) -> int:
+    import msgspec
+
+    ident = await meta.whoami()
+    if ns.json:
+        print(msgspec.json.encode({"user": ident.user, "roles": list(ident.roles), "home": ident.home,
+                                   "uid": ident.uid, "gid": ident.gid}).decode())
+    else:
+        print(whoami_text(ident))
     return 0
 
 
@@ -304,13 +359,14 @@ def register(subparsers: Any) -> None:
 
     p = sub.add_parser("mkdir", help="make a directory")
     p.add_argument("-p", "--parents", action="store_true", help="make parents as needed; no error if it exists")
-    p.add_argument("-m", "--mode", default="755", help="permission bits in octal (default 755)")
+    p.add_argument("-m", "--mode", default=None, help="permission bits in octal (default 755); with -p an "
+                   "existing directory of another mode is an error (EEXIST)")
     p.add_argument("path")
     p.set_defaults(func=_run(_mkdir))
 
     p = sub.add_parser("ls", help="list a directory")
     p.add_argument("-l", dest="long", action="store_true", help="long format: mode, links, uid, gid, size, mtime")
-    p.add_argument("path", nargs="?", default="/")
+    p.add_argument("path", nargs="?", default=".", help="default: your home")
     p.set_defaults(func=_run(_ls))
 
     p = sub.add_parser("stat", help="show an inode (symlinks not followed)")
@@ -358,5 +414,20 @@ def register(subparsers: Any) -> None:
     p.add_argument("dst")
     p.set_defaults(func=_run_data(_cp))
 
+    p = sub.add_parser("chmod", help="set permission bits (the owner or an admin)")
+    p.add_argument("mode", help="octal, e.g. 750")
+    p.add_argument("path")
+    p.set_defaults(func=_run(_chmod))
+
+    p = sub.add_parser("chown", help="give PATH to USER (its uid and gid); admin only (use --role admin)")
+    p.add_argument("user")
+    p.add_argument("path")
+    p.set_defaults(func=_run(_chown))
+
     for action in sub.choices.values():
         common(action)
+
+    p = subparsers.add_parser("whoami", help="who your token is: user, roles, home (made on first use)")
+    p.add_argument("--json", action="store_true", help="one JSON object: user, roles, home, uid, gid")
+    p.set_defaults(func=_run(_whoami))
+    common(p)

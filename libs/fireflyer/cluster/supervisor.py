@@ -43,12 +43,14 @@ from .decisions import (
     stop_phase,
     stop_targets,
 )
+from .homes import home_users, homes_line, make_homes
 from .procs import alive, free_ports, observe, read_tail, spawn, stop_processes, tcp_reachable
 from .records import (
     ClusterRecord,
     NatsRecord,
     ProcessRecord,
     StatePaths,
+    TokensFile,
     ensure_tokens,
     read_record,
     remove_record,
@@ -295,7 +297,22 @@ def up(*, config_path: Path, state_dir: Path, env: Mapping[str, str], cwd: Path,
             remove_record(paths)
             return 1
         report.print_up_table(console, record)
+        _make_homes(console, record, tokens)
         return 0
+
+
+def _make_homes(console: Console, record: ClusterRecord, tokens: TokensFile) -> None:
+    """A home for each user of the tokens file (see .homes); never fails ``ff up``."""
+    metas = [p.address for p in record.processes if p.name == "meta"]
+    if not metas:
+        return
+    try:
+        homes = asyncio.run(make_homes(metas, home_users(tokens.tokens)))
+    except FireFlyerError as e:
+        console.print(f"homes: not made now ({e}); each is made on the user's first use (ff whoami)",
+                      highlight=False, markup=False)
+        return
+    console.print(homes_line(homes), highlight=False, markup=False)
 
 
 # ---------------------------------------------------------------------------- status
