@@ -52,5 +52,5 @@ def resolve_path(path: str, home: str | None) -> str:
                               "give an absolute path", path=path)
     rel = path[2:] if path.startswith("./") else path
     if rel in ("", "."):
-        return home
+        return home.rstrip("/") or "/"
     return f"{home.rstrip('/')}/{rel}"
