@@ -54,13 +54,14 @@ def test_fs_commands_against_ff_up(cluster: LocalCluster) -> None:
     # / is root's 0755: a user cannot make entries there (EACCES -> exit 1 with errno and path)
     denied = ff_fs(cluster, "mkdir", "/data")
     assert denied.returncode == 1 and "[Errno 13]" in denied.stderr and "/data" in denied.stderr
+    assert "you may write under your home /home/" in denied.stderr and "ff fs chown" in denied.stderr
     ok(ff_fs(cluster, "mkdir", "-m", "777", "/data", role="admin"))
 
     ok(ff_fs(cluster, "mkdir", "-p", "/data/a/b"))
     exists = ff_fs(cluster, "mkdir", "/data/a")
     assert exists.returncode == 1 and "[Errno 17]" in exists.stderr and "/data/a" in exists.stderr
     assert ok(ff_fs(cluster, "ls", "/data")).split() == ["a/"]
-    assert ok(ff_fs(cluster, "ls", "/")).split() == ["data/"]
+    assert ok(ff_fs(cluster, "ls", "/")).split() == ["data/", "home/"]
 
     async def make_file() -> None:
         async with await MetaClient.connect(cluster.address("meta", 1), cluster.user_token) as m:
@@ -98,7 +99,7 @@ def test_fs_cli_survives_a_killed_meta_replica(cluster: LocalCluster) -> None:
     ok(ff_fs(cluster, "mkdir", "/srv", role="admin"))
     os.kill(next(p.pid for p in cluster.record.processes if p.instance == "meta-0"), signal.SIGKILL)
     for _ in range(3):  # whichever replica round robin picks first, the call lands on meta-1
-        assert ok(ff_fs(cluster, "ls", "/")).split() == ["srv/"]
+        assert ok(ff_fs(cluster, "ls", "/")).split() == ["home/", "srv/"]
 
 
 def test_fs_cli_without_a_cluster_says_what_to_do(tmp_path: Path) -> None:
@@ -111,3 +112,41 @@ def test_fs_on_the_default_local_cluster(local_cluster: LocalCluster) -> None:
     assert {p.instance for p in local_cluster.record.processes} >= {"meta-0", "meta-1"}
     ok(ff_fs(local_cluster, "mkdir", "-p", "/proj/run1", role="admin"))
     assert ok(ff_fs(local_cluster, "ls", "/proj")).split() == ["run1/"]
+
+
+def test_homes_relative_paths_whoami_chmod_chown(cluster: LocalCluster) -> None:
+    user = next(t.user for t in cluster.tokens.tokens if "user" in t.roles)
+    home = f"/home/{user}"
+    # ff up made the user's home and said so
+    assert f"homes: {home}" in cluster.up_output
+    assert ok(ff_fs(cluster, "ls", "/home", role="admin")).split() == [f"{user}/"]
+
+    def whoami(*args: str, role: str = "user"):  # type: ignore[no-untyped-def]
+        return run_ff(["whoami", *args, "--state-dir", str(cluster.state_dir), "--role", role],
+                      env={"FF_TOKEN": "", "FF_META_ADDR": ""})
+
+    assert ok(whoami()).splitlines() == [f"user:  {user}", "roles: user", f"home:  {home}"]
+    me = json.loads(ok(whoami("--json")))
+    assert (me["user"], me["roles"], me["home"]) == (user, ["user"], home) and me["uid"] >= 100_000
+    assert json.loads(ok(whoami("--json", role="admin")))["roles"] == ["admin"]
+
+    # relative paths: under the home
+    ok(ff_fs(cluster, "mkdir", "-p", "data/run1"))
+    assert ok(ff_fs(cluster, "ls")).split() == ["data/"]  # the home, by default
+    assert ok(ff_fs(cluster, "ls", f"{home}/data")).split() == ["run1/"]
+    inode = json.loads(ok(ff_fs(cluster, "stat", "--json", "data/run1")))
+    assert inode["uid"] == me["uid"] and inode["mode"] == 0o755
+
+    # mkdir -p -m on an existing directory of another mode: EEXIST naming the mode
+    clash = ff_fs(cluster, "mkdir", "-p", "-m", "700", "data/run1")
+    assert clash.returncode == 1 and "[Errno 17]" in clash.stderr and "mode 0755, not 0700" in clash.stderr
+    ok(ff_fs(cluster, "mkdir", "-p", "-m", "755", "data/run1"))  # same mode: fine
+    ok(ff_fs(cluster, "mkdir", "-p", "data/run1"))  # no -m: fine
+
+    # chmod by the owner; chown only by an admin
+    ok(ff_fs(cluster, "chmod", "700", "data/run1"))
+    assert json.loads(ok(ff_fs(cluster, "stat", "--json", "data/run1")))["mode"] == 0o700
+    refused = ff_fs(cluster, "chown", "someone", "data")
+    assert refused.returncode == 1 and "[Errno 1]" in refused.stderr
+    ok(ff_fs(cluster, "chown", "someone", f"{home}/data", role="admin"))
+    assert json.loads(ok(ff_fs(cluster, "stat", "--json", "data")))["uid"] != me["uid"]

@@ -59,6 +59,8 @@ class LocalCluster:
             raise FailedPrecondition(f"no cluster.json in {state_dir}", state_dir=str(state_dir))
         self.record: ClusterRecord = record
         self.tokens: TokensFile = read_tokens(Path(record.tokens_file))
+        #: what ``ff up`` printed (set by ``started_cluster``)
+        self.up_output = ""
 
     @property
     def nats_url(self) -> str:
@@ -119,6 +121,7 @@ def started_cluster(config: str | Path, state_dir: Path, *, env: Mapping[str, st
         raise FailedPrecondition(f"ff up failed ({res.returncode}):\n{res.stdout}\n{res.stderr}",
                                  state_dir=str(state_dir))
     cluster = LocalCluster(state_dir, env)
+    cluster.up_output = res.stdout
     try:
         yield cluster
     finally:
