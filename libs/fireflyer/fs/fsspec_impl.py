@@ -78,6 +78,25 @@ class FireFlyerFileSystem(AbstractFileSystem):  # type: ignore[misc]
         """The absolute path of ``path``: a URL or absolute path as is, a relative one under the home."""
         return str(self.client.abspath(self._strip_protocol(path)))
 
+    def _abs_arg(self, path: Any) -> Any:
+        if isinstance(path, list | tuple):
+            return [self._abs_arg(p) for p in path]
+        return self._path(path) if isinstance(path, str) else path
+
+    # fsspec's tree walkers combine the path they were given with the (absolute) names ls
+    # returns; a relative start would sort and match apart from its own children
+    def expand_path(self, path: Any, *args: Any, **kwargs: Any) -> Any:
+        return super().expand_path(self._abs_arg(path), *args, **kwargs)
+
+    def find(self, path: Any, *args: Any, **kwargs: Any) -> Any:
+        return super().find(self._abs_arg(path), *args, **kwargs)
+
+    def glob(self, path: Any, *args: Any, **kwargs: Any) -> Any:
+        return super().glob(self._abs_arg(path), *args, **kwargs)
+
+    def walk(self, path: Any, *args: Any, **kwargs: Any) -> Any:
+        return super().walk(self._abs_arg(path), *args, **kwargs)
+
     # -- info -----------------------------------------------------------------------------
     def _entry(self, path: str, inode: Inode) -> dict[str, Any]:
         kind = {FileType.DIR: "directory", FileType.FILE: "file"}.get(inode.type, "other")
