@@ -308,7 +308,7 @@ def _make_homes(console: Console, record: ClusterRecord, tokens: TokensFile) -> 
         return
     try:
         homes = asyncio.run(make_homes(metas, home_users(tokens.tokens)))
-    except FireFlyerError as e:
+    except (FireFlyerError, OSError) as e:
         console.print(f"homes: not made now ({e}); each is made on the user's first use (ff whoami)",
                       highlight=False, markup=False)
         return
