@@ -297,7 +297,8 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         who = current_principal()
         caller = self._caller()
         reply = pb.WhoAmIReply(user=who.user, roles=sorted(who.roles), uid=caller.uid, gid=caller.gid)
-        if gets_home(r for r in ("user", "admin", "service") if who.has_role(r)) and valid_home_name(who.user):
+        implied = {r for r in ("admin", "user", "service") if who.has_role(r)}  # admin implies user
+        if gets_home(implied) and valid_home_name(who.user):
             # the home belongs to the user's own ids (an admin's: root's)
             _, created = await self._write(self.store.ensure_home, who.user, caller.uid, caller.gid)
             reply.home = home_path(who.user)
