@@ -16,7 +16,8 @@ and :mod:`.batch` (grouping by chain and node, dedupe-safe write retries).
 **Where to.**  ``connect(meta=, mgmtd=, token=, state_dir=)``; each unset one comes
 from ``FF_META_ADDR`` / ``FF_MGMTD_ADDR`` / ``FF_TOKEN``, else from the cluster that
 ``ff up`` recorded under ``state_dir`` (``FF_STATE_DIR``, default ``.ff``; the user
-token).  Timing comes from :class:`FsClientSettings` (``FF_FS_*``).
+token): :func:`fireflyer.cluster.discovery.find_cluster`.  With none of them,
+``NoClusterFound`` says how to point the client at a cluster.  Timing comes from :class:`FsClientSettings` (``FF_FS_*``).
 
 **Errors.**  File-system errors are ``FsError`` with ``errno`` and ``path`` (ENOENT,
 EISDIR, EACCES, EEXIST ...: also ``OSError``); bad arguments are
@@ -33,12 +34,11 @@ import os
 import threading
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
 
-from fireflyer.core.errors import FailedPrecondition, FireFlyerError, FsError, InvalidArgument
+from fireflyer.core.errors import FireFlyerError, FsError, InvalidArgument
 from fireflyer.core.settings import load_settings
 from fireflyer.meta import DirEntry, FileType, Inode, Layout, LayoutPolicy
 from fireflyer.storage.client_min import MgmtdRouting, StorageClient
@@ -46,7 +46,7 @@ from fireflyer.storage.client_min import MgmtdRouting, StorageClient
 from . import batch as _batch
 from .file import File, check_range
 from .length import LengthReporter, exact_length
-from .meta_client import MetaClient, parse_addresses
+from .meta_client import MetaClient
 
 __all__ = ["FsClientSettings", "FileSystem", "BatchResult", "connect", "load_client_settings"]
 
@@ -105,27 +105,11 @@ class BatchResult(msgspec.Struct, frozen=True):
 
 def _resolve(meta: str | Sequence[str] | None, mgmtd: str | Sequence[str] | None, token: str | None,
              state_dir: str | os.PathLike[str] | None) -> tuple[list[str], list[str], str]:
-    metas = parse_addresses(meta) or parse_addresses(os.environ.get("FF_META_ADDR"))
-    mgmtds = parse_addresses(mgmtd) or parse_addresses(os.environ.get("FF_MGMTD_ADDR"))
-    token = token or os.environ.get("FF_TOKEN") or None
-    if not metas or not mgmtds or token is None:
-        from fireflyer.cluster.records import StatePaths, read_record, read_tokens
+    from fireflyer.cluster.discovery import find_cluster
 
-        paths = StatePaths(state_dir or os.environ.get("FF_STATE_DIR") or ".ff")
-        record = read_record(paths)
-        if record is None:
-            raise FailedPrecondition(
-                f"no meta/mgmtd addresses: pass meta= and mgmtd=, set FF_META_ADDR and FF_MGMTD_ADDR, or run "
-                f"`ff up` (no cluster under {paths.root})", state_dir=str(paths.root))
-        metas = metas or [p.address for p in record.processes if p.name == "meta"]
-        mgmtds = mgmtds or [p.address for p in record.processes if p.name == "mgmtd"]
-        if token is None:
-            entry = read_tokens(Path(record.tokens_file)).for_role("user")
-            token = entry.token if entry is not None else None
-    if not metas or not mgmtds or not token:
-        raise FailedPrecondition("the cluster has no meta or mgmtd service, or no user token",
-                                 meta=",".join(metas), mgmtd=",".join(mgmtds))
-    return metas, mgmtds, token
+    c = find_cluster(state_dir, meta=meta, mgmtd=mgmtd, token=token, need=("meta", "mgmtd", "token"))
+    assert c.token is not None
+    return list(c.meta), list(c.mgmtd), c.token
 
 
 def connect(*, meta: str | Sequence[str] | None = None, mgmtd: str | Sequence[str] | None = None,
