@@ -59,7 +59,8 @@ class CheckpointManager:
     ``FF_CKPT_ADDR``/``FF_META_ADDR``/``FF_MGMTD_ADDR``/``FF_TOKEN`` (``ff launch`` sets them),
     else the local cluster of ``state_dir`` / ``FF_STATE_DIR`` / ``.ff`` (``ff up``) with its user
     token; with none, :class:`~fireflyer.core.errors.NoClusterFound`.
-    ``interval_s`` paces :meth:`maybe_save`; ``keep_last``/``keep_every`` are the job's
+    ``interval_s`` (seconds, default 300) paces :meth:`maybe_save`: it saves at its first call and
+    then once ``interval_s`` has passed since the last save; ``keep_last``/``keep_every`` are the job's
     retention.  ``after_write`` is a fault-injection hook called in the I/O thread after each
     part of a shard write.
 
@@ -97,7 +98,7 @@ class CheckpointManager:
         self._lock = threading.Lock()
         self._inflight: Future[CheckpointRecord] | None = None
         self._last_step: int | None = None
-        self._last_save_at = self.clock.monotonic()
+        self._last_save_at: float | None = None  # no save yet: the first maybe_save saves
         self._closed = False
 
     def _resolve(self, root: Any, catalog: Any, fs: Any, abandon_after_s: float) -> tuple[Any, Any]:
@@ -169,9 +170,14 @@ class CheckpointManager:
         return fut
 
     def maybe_save(self, step: int, state: Any, meta: dict[str, str] | None = None) -> Future[CheckpointRecord] | None:
-        """Save when ``interval_s`` has passed since the last save (or since the manager was
-        created), else return None."""
-        if self.clock.monotonic() - self._last_save_at < self.interval_s:
+        """Save at the first call, then whenever ``interval_s`` (default 300 s) has passed since the
+        last save (by this method or :meth:`save`); otherwise return None and do nothing.
+
+        So a training loop that calls it every step has a checkpoint from its first step on, and
+        then one every ``interval_s``; ``interval_s=0`` saves at every call.  The returned future
+        is :meth:`save`'s.  To save at steps of your choosing (every N steps, the last step), call
+        :meth:`save` instead."""
+        if self._last_save_at is not None and self.clock.monotonic() - self._last_save_at < self.interval_s:
             return None
         return self.save(step, state, meta=meta)
 
