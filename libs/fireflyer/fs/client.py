@@ -422,10 +422,22 @@ class FileSystem:
             raise InvalidArgument(f"batch item {i}: target must be a path or an open File, got {type(t).__name__}")
 
     def batch_read(self, ios: Sequence[tuple[str | File, int, int]]) -> list[BatchResult]:
-        """Read many ``(path or File, offset, length)`` at once (short at EOF); one result per I/O.
+        """Read many ``(path or File, offset, length)`` at once.
 
-        All I/Os' chunk pieces are grouped by chain and node and read concurrently, each received
-        straight into its I/O's result buffer (see :mod:`.batch`); ``data`` is a ``bytearray``."""
+        Returns a list of :class:`BatchResult`, one per I/O, in the order of ``ios``:
+
+        - ``ok`` (``error is None``): ``data`` is a ``bytearray`` of its own with the bytes read,
+          ``length`` of them, fewer when the range runs past the end of the file (``b""`` at or
+          after it); holes read as zeros.  ``written`` is 0.
+        - otherwise ``error`` is that I/O's exception (``FsError`` with ``errno`` ENOENT for a
+          missing file, EISDIR for a directory, EACCES ...; a storage error that outlasted the
+          retry deadline) and ``data`` is ``b""``.  One I/O failing does not fail the others:
+          check ``ok`` on each result (nothing is raised for it).
+
+        Bad arguments (a negative offset or length, a length over ``max_io_bytes``, a target that
+        is neither a path nor a File) raise ``InvalidArgument`` before anything is read.  All
+        I/Os' chunk pieces are grouped by chain and node and read concurrently, each received
+        straight into its I/O's result buffer (see :mod:`.batch`)."""
         for i, (t, off, n) in enumerate(ios):
             self._check_target(t, i)
             check_range(off, n, what=f"batch_read item {i}", limit=self.settings.max_io_bytes)
@@ -456,9 +468,13 @@ class FileSystem:
         return out
 
     def batch_read_into(self, ios: Sequence[tuple[str | File, int, Buffer]]) -> list[BatchResult]:
-        """Read many ``(path or File, offset, buffer)`` at once, each into its writable buffer;
-        one result per I/O with ``written`` = the bytes read (short at EOF; the rest of the
-        buffer is left as it was).  Holes read as zeros.
+        """Read many ``(path or File, offset, buffer)`` at once, each into its writable buffer.
+
+        Returns one :class:`BatchResult` per I/O, in order: when ``ok``, ``written`` is the
+        number of bytes read into the buffer (its size, or fewer at EOF; the rest of the buffer
+        is left as it was) and ``data`` is ``b""``; otherwise ``error`` is that I/O's exception
+        (as in :meth:`batch_read`; the buffer's contents are then unspecified).  Holes read as
+        zeros.
 
         Like :meth:`batch_read` without allocating (and zero-filling) a result buffer per I/O:
         the pieces are received straight into the caller's memory, e.g. ``np.empty`` arrays
@@ -503,10 +519,16 @@ class FileSystem:
         return out
 
     def batch_write(self, ios: Sequence[tuple[str | File, int, Buffer]]) -> list[BatchResult]:
-        """Write many ``(path or File, offset, data)`` to existing files at once; one result per I/O.
+        """Write many ``(path or File, offset, data)`` to existing files at once.
 
-        Bad arguments raise before anything is written; a missing file or a directory is
-        that I/O's error.  Lengths are reported to meta before returning."""
+        Returns one :class:`BatchResult` per I/O, in order: when ``ok``, ``written`` is the
+        number of bytes written (all of ``data``; a write is never short) and ``data`` is
+        ``b""``; otherwise ``error`` is that I/O's exception (``FsError`` ENOENT for a missing
+        file, EISDIR for a directory, EACCES; a storage error after the retry deadline), and
+        what part of it reached storage is unspecified.  Failures are per I/O, not raised.
+
+        Bad arguments raise ``InvalidArgument`` before anything is written.  The files' new
+        lengths are reported to meta before returning."""
         for i, (t, off, data) in enumerate(ios):
             self._check_target(t, i)
             if not isinstance(data, bytes | bytearray | memoryview):
