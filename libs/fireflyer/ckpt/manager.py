@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from fireflyer.core.clock import SYSTEM_CLOCK, Clock
-from fireflyer.core.errors import FailedPrecondition, FsError, InvalidArgument, NotFound
+from fireflyer.core.errors import FailedPrecondition, FsError, InvalidArgument, NoClusterFound, NotFound
 from fireflyer.core.log import get_logger
 
 from .catalog import index_digest
@@ -122,8 +122,12 @@ class CheckpointManager:
 
             # one look for both (FF_CKPT_ADDR/FF_META_ADDR/FF_MGMTD_ADDR/FF_TOKEN, else the cluster of
             # state_dir / FF_STATE_DIR / .ff); NoClusterFound says how to point at one, or pass root=
-            cluster = find_cluster(self._state_dir, need=(("ckpt",) if catalog is None else ())
-                                   + (("meta", "mgmtd", "token") if fs is None else ()))
+            try:
+                cluster = find_cluster(self._state_dir, need=(("ckpt",) if catalog is None else ())
+                                       + (("meta", "mgmtd", "token") if fs is None else ()))
+            except NoClusterFound as e:
+                raise NoClusterFound(f"{e.message}; or pass root=DIR to keep checkpoints in a local directory",
+                                     job=self.job, **e.fields) from None
         if catalog is None:
             from .client import CheckpointClient  # type: ignore[import-not-found,unused-ignore]
 

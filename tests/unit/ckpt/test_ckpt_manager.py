@@ -131,10 +131,15 @@ def test_rank_and_world_from_environment(tmp_path, monkeypatch):
         CheckpointManager("env", root=tmp_path)
 
 
-def test_no_catalog_configured(monkeypatch):
-    monkeypatch.delenv("FF_CKPT_ADDR", raising=False)
-    with pytest.raises(InvalidArgument, match="FF_CKPT_ADDR"):
+def test_no_catalog_configured(monkeypatch, tmp_path):
+    from fireflyer.core.errors import NoClusterFound
+
+    for var in ("FF_CKPT_ADDR", "FF_META_ADDR", "FF_MGMTD_ADDR", "FF_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("FF_STATE_DIR", str(tmp_path / "none"))
+    with pytest.raises(NoClusterFound, match="no Fire-Flyer cluster found.*FF_CKPT_ADDR.*pass root=DIR") as e:
         CheckpointManager("nocat")
+    assert e.value.job == "nocat" and e.value.missing.startswith("ckpt")
 
 
 def test_bad_input_writes_nothing(mgr, tmp_path):
