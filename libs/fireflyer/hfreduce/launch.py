@@ -61,7 +61,7 @@ from typing import IO, Any
 
 from fireflyer.cluster.decisions import StopTarget
 from fireflyer.cluster.procs import free_ports, observe, stop_processes
-from fireflyer.core.errors import InvalidArgument, Unavailable
+from fireflyer.core.errors import InvalidArgument, NotFound, Unavailable
 
 from .launch_plan import (
     WORKER_MODULE,
@@ -270,7 +270,33 @@ class Launcher:
         coord = self.env.get("FF_COORD_ADDR") if self.start_workers else None
         return make_plan(self.opts, run_dir=run_dir, ports=ports, master_port=master_port, job_id=job_id,
                          token=secrets.token_hex(16), base_env=self.env, worker_prefix=self.worker_prefix,
-                         coord_addr=coord or None, restart_count=restart_count, cpus=_allowed_cpus())
+                         coord_addr=coord or None, restart_count=restart_count, cpus=_allowed_cpus(),
+                         coord_restart_count=self._coord_restart_count(coord, job_id, restart_count) if coord
+                         else None)
+
+    def _coord_restart_count(self, coord: str, job_id: str, restart_count: int) -> int:
+        """The restart count the workers join coord with: ours, raised past the one coord keeps for
+        the job's communicator when an earlier run of the same job (``--job NAME`` relaunched, or
+        the attempt before a restart) left one there -- coord refuses a join from an "older run"."""
+        import asyncio
+
+        from fireflyer.coord import CoordClient
+        from fireflyer.coord.model import comm_id
+
+        async def current() -> int | None:
+            async with CoordClient(coord, token=self.env.get("FF_TOKEN") or None) as c:
+                try:
+                    return (await asyncio.wait_for(c.get(comm_id(job_id, "default")), 10.0)).restart_count
+                except NotFound:
+                    return None
+
+        try:
+            found = asyncio.run(current())
+        except Exception as e:  # noqa: BLE001 -- best effort: a join with ours still works for a fresh job
+            self.sink("launch", "stderr", f"ff launch: could not read {job_id}/default from coord ({e}); "
+                                          f"joining with restart count {restart_count}")
+            return restart_count
+        return restart_count if found is None else max(restart_count, found + 1)
 
     def _coord_ranks(self) -> dict[int, int]:
         """Planned node index -> the node rank coord gave that worker (``node=R`` of its ready line)."""
