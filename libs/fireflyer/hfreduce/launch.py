@@ -263,7 +263,8 @@ class Launcher:
         # under /tmp, short: the node sockets live here and sun_path allows 107 bytes
         return Path(tempfile.mkdtemp(prefix="ff-launch-", dir="/tmp" if os.path.isdir("/tmp") else None)), True
 
-    def _plan(self, run_dir: Path, job_id: str, restart_count: int) -> LaunchPlan:
+    def _plan(self, run_dir: Path, job_id: str | None = None, restart_count: int = 0) -> LaunchPlan:
+        job_id = job_id or self.opts.job_id or f"launch-{secrets.token_hex(4)}"
         # one call on the wildcard address: distinct ports, each free on every address, so torch's
         # store (which listens on all of them) cannot collide with a worker's listener
         *ports, master_port = free_ports(self.opts.nodes + 1, "0.0.0.0")
