@@ -4,10 +4,12 @@ gRPC catalog and 3FS, and keeps saving while one storage node is killed with SIG
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from fireflyer.ckpt import CheckpointManager
 from fireflyer.ckpt.client import CheckpointClient
 from fireflyer.ckpt.model import MANIFEST_NAME, CkptState, decode_manifest
 from fireflyer.fs import FileSystem, connect
-from fireflyer.testing.cluster import LocalCluster, started_cluster
+from fireflyer.testing.cluster import LocalCluster, run_ff, started_cluster
 
 CLUSTER_TOML = """
 [cluster]
@@ -84,6 +86,35 @@ def _same(a: dict[str, object], b: dict[str, object]) -> bool:
     return (all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])  # type: ignore[index, union-attr]
             and torch.equal(a["emb"], b["emb"]) and np.array_equal(a["rng"], b["rng"])  # type: ignore[arg-type]
             and a["step"] == b["step"])
+
+
+def test_clients_find_the_cluster_from_ff_state_dir_alone(cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    """Issue 47: with nothing but FF_STATE_DIR, FileSystem, CheckpointManager, ``ff ckpt`` and the
+    ranks of ``ff launch --state-dir`` find the services and the user token (no .ff in the cwd)."""
+    for var in ("FF_MGMTD_ADDR", "FF_META_ADDR", "FF_CKPT_ADDR", "FF_COORD_ADDR", "FF_TOKEN", "FF_NATS_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("FF_STATE_DIR", str(cluster.state_dir))
+    monkeypatch.chdir(tmp_path)
+    with connect() as fs:
+        assert fs.meta.token == cluster.user_token and fs.exists("/ckpt")
+    mgr = CheckpointManager("found", shard_bytes=256 << 10)
+    try:
+        rec = mgr.save(5, _state(5), blocking=True).result()
+        assert rec.state is CkptState.COMMITTED
+    finally:
+        mgr.close()
+    r = run_ff(["ckpt", "ls", "found", "--json"], env={"FF_STATE_DIR": str(cluster.state_dir)}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [c["step"] for c in json.loads(r.stdout)] == [5]
+    # ff launch --state-dir (FF_STATE_DIR unset): a rank's CheckpointManager() finds the same cluster
+    code = ("import os; from fireflyer.ckpt import CheckpointManager; m = CheckpointManager('found'); "
+            "print('latest', m.latest().step, os.environ['FF_JOB_ID'], os.environ['FF_STATE_DIR']); m.close()")
+    r = run_ff(["launch", "--state-dir", str(cluster.state_dir), "--job", "found", "--", "python", "-c", code],
+               cwd=tmp_path, timeout_s=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"[rank 0] latest 5 found {cluster.state_dir.absolute()}" in r.stdout
+    assert "no Fire-Flyer cluster found" not in r.stderr
 
 
 def test_saves_through_the_service_and_3fs_survive_a_killed_storage_node(cluster: LocalCluster) -> None:

@@ -1,6 +1,6 @@
 """A synchronous client of the checkpoint service with the :class:`~fireflyer.ckpt.catalog.Catalog`'s API.
 
-    with CheckpointClient() as cat:            # FF_CKPT_ADDR, FF_TOKEN
+    with CheckpointClient() as cat:            # FF_CKPT_ADDR + FF_TOKEN, or the cluster of FF_STATE_DIR / .ff
         rec = cat.begin("llama", 1000, world_size=8)
         ...                                    # each rank writes its shards and rank<N>.index
         cat.commit_shard(rec.id, rank, digest, nbytes)
@@ -36,15 +36,21 @@ T = TypeVar("T")
 
 
 class CheckpointClient:
-    """Calls to one checkpoint service address (default ``FF_CKPT_ADDR``); close it when done."""
+    """Calls to one checkpoint service address; close it when done.
 
-    def __init__(self, address: str | None = None, *, token: str | None = None, timeout_s: float = 60.0) -> None:
-        address = address or os.environ.get("FF_CKPT_ADDR", "").split(",")[0].strip()
-        if not address:
-            raise FailedPrecondition("no checkpoint service address: pass address= or set FF_CKPT_ADDR "
-                                     "(`ff up` and `ff launch` set it for training processes)")
-        self.address = address
-        self.token = token if token is not None else os.environ.get("FF_TOKEN") or None
+    The address is ``address``, else ``FF_CKPT_ADDR``, else the checkpoint service of the local
+    cluster (``state_dir``, else ``FF_STATE_DIR``, else ``.ff``); the token ``token`` (``""``: none),
+    else ``FF_TOKEN``, else that cluster's user token.  With none, ``NoClusterFound``."""
+
+    def __init__(self, address: str | None = None, *, token: str | None = None, timeout_s: float = 60.0,
+                 state_dir: str | os.PathLike[str] | None = None) -> None:
+        from fireflyer.cluster.discovery import find_cluster
+
+        # address=, then FF_CKPT_ADDR, then the local cluster (state_dir / FF_STATE_DIR / .ff);
+        # token= ("" for none), then FF_TOKEN, then that cluster's user token
+        cluster = find_cluster(state_dir, ckpt=address, token=token, need=("ckpt",))
+        self.address = cluster.ckpt[0]
+        self.token = cluster.token or None
         self.timeout_s = timeout_s
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="ff-ckpt-client", daemon=True)

@@ -11,7 +11,7 @@ instead of piling up host copies of the model.
 
 The catalog is any object with :class:`~fireflyer.ckpt.catalog.Catalog`'s methods: the
 catalog itself over a local SQLite file (``root=``, several processes may share it), or the
-checkpoint service's client (``FF_CKPT_ADDR``).
+checkpoint service's client (found by ``fireflyer.cluster.discovery.find_cluster``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from fireflyer.core.clock import SYSTEM_CLOCK, Clock
-from fireflyer.core.errors import FailedPrecondition, FsError, InvalidArgument, NotFound
+from fireflyer.core.errors import FailedPrecondition, FsError, InvalidArgument, NoClusterFound, NotFound
 from fireflyer.core.log import get_logger
 
 from .catalog import index_digest
@@ -54,8 +54,13 @@ class CheckpointManager:
     """Saves and loads one rank's training state of ``job`` (see the module doc).
 
     ``root``: a local (or shared POSIX) directory holding the checkpoints and the catalog
-    (``catalog.db``); without it the checkpoint service (``FF_CKPT_ADDR``) and 3FS are used.
-    ``interval_s`` paces :meth:`maybe_save`; ``keep_last``/``keep_every`` are the job's
+    (``catalog.db``); without it the checkpoint service and 3FS of the cluster are used, found
+    as every client finds it (:func:`fireflyer.cluster.discovery.find_cluster`):
+    ``FF_CKPT_ADDR``/``FF_META_ADDR``/``FF_MGMTD_ADDR``/``FF_TOKEN`` (``ff launch`` sets them),
+    else the local cluster of ``state_dir`` / ``FF_STATE_DIR`` / ``.ff`` (``ff up``) with its user
+    token; with none, :class:`~fireflyer.core.errors.NoClusterFound`.
+    ``interval_s`` (seconds, default 300) paces :meth:`maybe_save`: it saves at its first call and
+    then once ``interval_s`` has passed since the last save; ``keep_last``/``keep_every`` are the job's
     retention.  ``after_write`` is a fault-injection hook called in the I/O thread after each
     part of a shard write.
 
@@ -66,8 +71,10 @@ class CheckpointManager:
                  world_size: int | None = None, catalog: Any = None, fs: Any = None,
                  shard_bytes: int = 256 << 20, io_threads: int = 4, clock: Clock | None = None,
                  abandon_after_s: float = 600.0, copy_threads: int = 1,
-                 after_write: Callable[[], None] | None = None) -> None:
+                 after_write: Callable[[], None] | None = None,
+                 state_dir: str | os.PathLike[str] | None = None) -> None:
         self.job = check_job(job)
+        self._state_dir = state_dir
         self.rank = _env_int("FF_RANK", 0) if rank is None else rank
         self.world_size = _env_int("FF_WORLD_SIZE", 1) if world_size is None else world_size
         if not isinstance(self.world_size, int) or self.world_size < 1:
@@ -91,7 +98,7 @@ class CheckpointManager:
         self._lock = threading.Lock()
         self._inflight: Future[CheckpointRecord] | None = None
         self._last_step: int | None = None
-        self._last_save_at = self.clock.monotonic()
+        self._last_save_at: float | None = None  # no save yet: the first maybe_save saves
         self._closed = False
 
     def _resolve(self, root: Any, catalog: Any, fs: Any, abandon_after_s: float) -> tuple[Any, Any]:
@@ -110,17 +117,25 @@ class CheckpointManager:
                 if swept:
                     log.info("ckpt.manager.swept", job=self.job, checkpoints=[r.id for r in swept])
             return catalog, fs
+        if catalog is None or fs is None:
+            from fireflyer.cluster.discovery import find_cluster
+
+            # one look for both (FF_CKPT_ADDR/FF_META_ADDR/FF_MGMTD_ADDR/FF_TOKEN, else the cluster of
+            # state_dir / FF_STATE_DIR / .ff); NoClusterFound says how to point at one, or pass root=
+            try:
+                cluster = find_cluster(self._state_dir, need=(("ckpt",) if catalog is None else ())
+                                       + (("meta", "mgmtd", "token") if fs is None else ()))
+            except NoClusterFound as e:
+                raise NoClusterFound(f"{e.message}; or pass root=DIR to keep checkpoints in a local directory",
+                                     job=self.job, **e.fields) from None
         if catalog is None:
-            if not os.environ.get("FF_CKPT_ADDR"):
-                raise InvalidArgument("no checkpoint catalog: set FF_CKPT_ADDR (the checkpoint service) or pass "
-                                      "root= (a local directory)", job=self.job)
             from .client import CheckpointClient  # type: ignore[import-not-found,unused-ignore]
 
-            catalog = CheckpointClient()
+            catalog = CheckpointClient(cluster.ckpt[0], token=cluster.token or "")
         if fs is None:
             from fireflyer.fs import connect
 
-            fs = connect()
+            fs = connect(meta=list(cluster.meta), mgmtd=list(cluster.mgmtd), token=cluster.token)
         return catalog, fs
 
     # -- saving -------------------------------------------------------------------------------
@@ -159,9 +174,14 @@ class CheckpointManager:
         return fut
 
     def maybe_save(self, step: int, state: Any, meta: dict[str, str] | None = None) -> Future[CheckpointRecord] | None:
-        """Save when ``interval_s`` has passed since the last save (or since the manager was
-        created), else return None."""
-        if self.clock.monotonic() - self._last_save_at < self.interval_s:
+        """Save at the first call, then whenever ``interval_s`` (default 300 s) has passed since the
+        last save (by this method or :meth:`save`); otherwise return None and do nothing.
+
+        So a training loop that calls it every step has a checkpoint from its first step on, and
+        then one every ``interval_s``; ``interval_s=0`` saves at every call.  The returned future
+        is :meth:`save`'s.  To save at steps of your choosing (every N steps, the last step), call
+        :meth:`save` instead."""
+        if self._last_save_at is not None and self.clock.monotonic() - self._last_save_at < self.interval_s:
             return None
         return self.save(step, state, meta=meta)
 

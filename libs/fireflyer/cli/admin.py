@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,30 +31,15 @@ from typing import Any
 __all__ = ["register", "resolve_mgmtd", "parse_targets", "plan_chains"]
 
 
-def resolve_mgmtd(state_dir: Path, *, address: str | None, token: str | None, role: str) -> tuple[list[str], str]:
-    """(addresses, token): explicit values win, then the environment, then the cluster's records."""
-    from fireflyer.cluster.records import StatePaths, read_record, read_tokens
-    from fireflyer.core.errors import FailedPrecondition, NotFound
+def resolve_mgmtd(state_dir: Path | str | None, *, address: str | None, token: str | None,
+                  role: str) -> tuple[list[str], str]:
+    """(addresses, token) by ``find_cluster``'s precedence: explicit values, FF_MGMTD_ADDR /
+    FF_TOKEN, then the cluster of ``state_dir`` / FF_STATE_DIR / .ff and its ``role`` token."""
+    from fireflyer.cluster.discovery import find_cluster
 
-    paths = StatePaths(state_dir)
-    address = address or os.environ.get("FF_MGMTD_ADDR")
-    if address:
-        addresses = [a.strip() for a in address.split(",") if a.strip()]
-    else:
-        record = read_record(paths)
-        if record is None:
-            raise FailedPrecondition(f"no cluster under {paths.root}: run `ff up` or pass --address",
-                                     state_dir=str(paths.root))
-        addresses = [p.address for p in record.processes if p.name == "mgmtd"]
-        if not addresses:
-            raise NotFound(f"the cluster under {paths.root} runs no mgmtd service", state_dir=str(paths.root))
-    token = token or os.environ.get("FF_TOKEN")
-    if token is None:
-        entry = read_tokens(paths.tokens).for_role(role)
-        if entry is None:
-            raise NotFound(f"no {role} token in {paths.tokens}", role=role)
-        token = entry.token
-    return addresses, token
+    c = find_cluster(state_dir, mgmtd=address, token=token, role=role, need=("mgmtd", "token"))
+    assert c.token is not None
+    return list(c.mgmtd), c.token
 
 
 def parse_targets(text: str) -> list[tuple[int, str]]:
@@ -175,14 +159,12 @@ async def _run(ns: argparse.Namespace, addresses: list[str], token: str) -> int:
 
 
 def _cmd(ns: argparse.Namespace) -> int:
-    from fireflyer.cli.cluster_cmds import resolve_state_dir
     from fireflyer.core.errors import FireFlyerError
 
     if not ns.admin_command:
         ns.admin_parser.print_help()
         return 2
-    addresses, token = resolve_mgmtd(resolve_state_dir(ns.state_dir), address=ns.address, token=ns.token,
-                                     role=ns.role)
+    addresses, token = resolve_mgmtd(ns.state_dir, address=ns.address, token=ns.token, role=ns.role)
     try:
         return asyncio.run(_run(ns, addresses, token))
     except FireFlyerError as e:
@@ -191,12 +173,12 @@ def _cmd(ns: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
+    from fireflyer.cli.options import add_cluster_options
+
     p = subparsers.add_parser("admin", help="inspect and set up mgmtd (routing, chains, chain tables)",
                               description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--state-dir", default=None, metavar="DIR", help="cluster state dir (default $FF_STATE_DIR or .ff)")
-    p.add_argument("--address", default=None, help="mgmtd host:port list (default $FF_MGMTD_ADDR, else cluster.json)")
-    p.add_argument("--token", default=None, help="bearer token (default $FF_TOKEN, else the state dir's tokens)")
-    p.add_argument("--role", choices=["admin", "user"], default="admin", help="which token of tokens.json to use")
+    add_cluster_options(p, address_help="mgmtd host:port list (default $FF_MGMTD_ADDR, else cluster.json)",
+                        role="admin")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--timeout", type=float, default=15.0, metavar="S", help="how long writes look for a primary")
     sub = p.add_subparsers(dest="admin_command", metavar="WHAT")

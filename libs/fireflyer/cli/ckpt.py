@@ -8,7 +8,7 @@
     ff ckpt retention JOB [--keep-last N] [--keep-every K] show, or set, the job's retention policy
 
 The address is ``--address``, else ``FF_CKPT_ADDR``, else the checkpoint service of the local
-cluster's ``cluster.json`` (``ff up``); the token ``--token``, else ``FF_TOKEN``, else the
+cluster's ``cluster.json`` (``ff up``; ``--state-dir``, else ``FF_STATE_DIR``, else ``.ff``); the token ``--token``, else ``FF_TOKEN``, else the
 cluster's user token.  ``show`` lists tensors by reading each rank's index from the file system:
 3FS through ``FF_META_ADDR``/``FF_MGMTD_ADDR`` or the local cluster, or ``--local-root`` (also
 ``FF_CHECKPOINT_LOCAL_ROOT``) when the service keeps checkpoints in a local directory.
@@ -28,27 +28,13 @@ import msgspec
 __all__ = ["register", "resolve_ckpt", "ls_table", "show_text", "read_tensors_of"]
 
 
-def resolve_ckpt(state_dir: Path, *, address: str | None, token: str | None) -> tuple[str, str | None]:
-    from fireflyer.cluster.records import StatePaths, read_record, read_tokens
-    from fireflyer.core.errors import FailedPrecondition, NotFound
+def resolve_ckpt(state_dir: Path | str | None, *, address: str | None, token: str | None) -> tuple[str, str | None]:
+    """(checkpoint service address, token) by ``find_cluster``'s precedence (``--address``,
+    FF_CKPT_ADDR, the cluster of ``state_dir`` / FF_STATE_DIR / .ff; the user token)."""
+    from fireflyer.cluster.discovery import find_cluster
 
-    address = address or os.environ.get("FF_CKPT_ADDR", "").split(",")[0].strip() or None
-    paths = StatePaths(state_dir)
-    if not address:
-        record = read_record(paths)
-        if record is None:
-            raise FailedPrecondition(f"no cluster under {paths.root}: run `ff up`, set FF_CKPT_ADDR or pass "
-                                     "--address", state_dir=str(paths.root))
-        found = [p.address for p in record.processes if p.name == "checkpoint"]
-        if not found:
-            raise NotFound(f"the cluster under {paths.root} runs no checkpoint service", state_dir=str(paths.root))
-        address = found[0]
-    token = token or os.environ.get("FF_TOKEN")
-    if token is None and paths.tokens.exists():
-        tokens = read_tokens(paths.tokens)
-        entry = tokens.for_role("user") or tokens.for_role("admin")
-        token = entry.token if entry else None
-    return address, token
+    c = find_cluster(state_dir, ckpt=address, token=token, need=("ckpt",))
+    return c.ckpt[0], c.token
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -153,7 +139,7 @@ def _run(ns: argparse.Namespace) -> int:
     from fireflyer.ckpt.client import CheckpointClient
     from fireflyer.ckpt.model import RetentionPolicy
 
-    address, token = resolve_ckpt(Path(ns.state_dir), address=ns.address, token=ns.token)
+    address, token = resolve_ckpt(ns.state_dir, address=ns.address, token=ns.token)
     dump = (lambda obj: print(json.dumps(msgspec.to_builtins(obj)))) if getattr(ns, "json", False) else None
     with CheckpointClient(address, token=token or "") as c:
         cmd = ns.ckpt_cmd
@@ -196,12 +182,12 @@ def _run(ns: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
+    from fireflyer.cli.options import add_cluster_options
+
     p = subparsers.add_parser("ckpt", help="checkpoints: list, show, delete, pin, retention",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--address", default=None, help="checkpoint service host:port (default FF_CKPT_ADDR or the "
-                                                    "cluster's)")
-    p.add_argument("--token", default=None)
-    p.add_argument("--state-dir", default=os.environ.get("FF_STATE_DIR", ".ff"))
+    add_cluster_options(p, address_help="checkpoint service host:port (default $FF_CKPT_ADDR, else the "
+                                        "cluster's)")
     sub = p.add_subparsers(dest="ckpt_cmd", metavar="WHAT", required=True)
     jobs = sub.add_parser("jobs", help="jobs with checkpoints")
     jobs.add_argument("--json", action="store_true")

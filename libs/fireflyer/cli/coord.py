@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -24,26 +23,13 @@ import msgspec
 __all__ = ["register", "resolve_coord", "comms_table", "stats_tables"]
 
 
-def resolve_coord(state_dir: Path, *, address: str | None, token: str | None) -> tuple[str, str | None]:
-    from fireflyer.cluster.records import StatePaths, read_record, read_tokens
-    from fireflyer.core.errors import FailedPrecondition, NotFound
+def resolve_coord(state_dir: Path | str | None, *, address: str | None, token: str | None) -> tuple[str, str | None]:
+    """(coord address, token) by ``find_cluster``'s precedence (``--address``, FF_COORD_ADDR, the
+    cluster of ``state_dir`` / FF_STATE_DIR / .ff; the user token)."""
+    from fireflyer.cluster.discovery import find_cluster
 
-    address = address or os.environ.get("FF_COORD_ADDR")
-    paths = StatePaths(state_dir)
-    if not address:
-        record = read_record(paths)
-        if record is None:
-            raise FailedPrecondition(f"no cluster under {paths.root}: run `ff up`, set FF_COORD_ADDR or pass "
-                                     "--address", state_dir=str(paths.root))
-        found = [p.address for p in record.processes if p.name == "coord"]
-        if not found:
-            raise NotFound(f"the cluster under {paths.root} runs no coord service", state_dir=str(paths.root))
-        address = found[0]
-    token = token or os.environ.get("FF_TOKEN")
-    if token is None and paths.tokens.exists():
-        entry = read_tokens(paths.tokens).for_role("user") or read_tokens(paths.tokens).for_role("admin")
-        token = entry.token if entry else None
-    return address, token
+    c = find_cluster(state_dir, coord=address, token=token, need=("coord",))
+    return c.coord[0], c.token
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -98,7 +84,7 @@ def stats_tables(rep: Any, names: dict[int, str]) -> str:
 async def _run(ns: argparse.Namespace) -> int:
     from fireflyer.coord import CoordClient
 
-    address, token = resolve_coord(Path(ns.state_dir), address=ns.address, token=ns.token)
+    address, token = resolve_coord(ns.state_dir, address=ns.address, token=ns.token)
     async with CoordClient(address, token=token) as c:
         if ns.coord_cmd == "comms":
             comms = await c.list(ns.job or "")
@@ -121,11 +107,11 @@ def _cmd(ns: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
+    from fireflyer.cli.options import add_cluster_options
+
     p = subparsers.add_parser("coord", help="communicators of the coordination service and their telemetry",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--address", default=None, help="coord host:port (default FF_COORD_ADDR or the cluster's)")
-    p.add_argument("--token", default=None)
-    p.add_argument("--state-dir", default=os.environ.get("FF_STATE_DIR", ".ff"))
+    add_cluster_options(p, address_help="coord host:port (default $FF_COORD_ADDR, else the cluster's)")
     sub = p.add_subparsers(dest="coord_cmd", metavar="WHAT", required=True)
     comms = sub.add_parser("comms", help="list communicators")
     comms.add_argument("--job", default=None)

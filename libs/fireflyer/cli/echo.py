@@ -13,32 +13,32 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fireflyer.core.errors import FailedPrecondition, NotFound
+from fireflyer.cluster.discovery import NO_CLUSTER_HELP
+from fireflyer.core.errors import NoClusterFound, NotFound
 
 __all__ = ["register", "resolve_target", "call_echo"]
 
 
-def resolve_target(state_dir: Path, *, address: str | None, token: str | None, role: str) -> tuple[str, str]:
-    """(address, token): explicit values win, then FF_TOKEN, then the cluster's records."""
-    from fireflyer.cluster.records import StatePaths, read_record, read_tokens
+def resolve_target(state_dir: Path | str | None, *, address: str | None, token: str | None,
+                   role: str) -> tuple[str, str]:
+    """(address, token): explicit values win, then FF_TOKEN, then the cluster's records (the state
+    dir is ``state_dir``, else FF_STATE_DIR, else .ff; see ``fireflyer.cluster.discovery``)."""
+    from fireflyer.cluster.discovery import find_cluster, state_dir_of
+    from fireflyer.cluster.records import StatePaths, read_record
 
-    paths = StatePaths(state_dir)
+    paths = StatePaths(state_dir_of(state_dir))
     if address is None:
         record = read_record(paths)
         if record is None:
-            raise FailedPrecondition(f"no cluster under {paths.root}: run `ff up` or pass --address",
-                                     state_dir=str(paths.root))
+            raise NoClusterFound(f"no Fire-Flyer cluster found (no {paths.record}): {NO_CLUSTER_HELP}",
+                                 missing="echo", state_dir=str(paths.root))
         echo = next((p for p in record.processes if p.name == "echo"), None)
         if echo is None:
             raise NotFound(f"the cluster under {paths.root} runs no echo service", state_dir=str(paths.root))
         address = echo.address
-    token = token or os.environ.get("FF_TOKEN") or None  # an empty FF_TOKEN means none
-    if token is None:
-        entry = read_tokens(paths.tokens).for_role(role)
-        if entry is None:
-            raise NotFound(f"no {role} token in {paths.tokens}", role=role)
-        token = entry.token
-    return address, token
+    c = find_cluster(paths.root, token=token, role=role, need=("token",))
+    assert c.token is not None
+    return address, c.token
 
 
 async def call_echo(address: str, token: str, text: str, *, publish: str = "", sleep_s: float = 0.0,
@@ -84,12 +84,11 @@ def _cmd(ns: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
+    from fireflyer.cli.options import add_cluster_options
+
     p = subparsers.add_parser("echo", help="call the diagnostic echo service (auth, tracing, NATS)")
     p.add_argument("text")
-    p.add_argument("--state-dir", default=None, metavar="DIR", help="cluster state dir (default $FF_STATE_DIR or .ff)")
-    p.add_argument("--address", default=None, help="host:port of an echo service (default: from cluster.json)")
-    p.add_argument("--token", default=None, help="bearer token (default: $FF_TOKEN, else the state dir's tokens)")
-    p.add_argument("--role", choices=["admin", "user"], default="user", help="which token of tokens.json to use")
+    add_cluster_options(p, address_help="host:port of an echo service (default: from cluster.json)", role="user")
     p.add_argument("--publish", metavar="ID", default="", help="also publish an event on ff.echo.v1.echo.ID.published")
     p.add_argument("--sleep", type=float, default=0.0, metavar="S", help="the service waits S seconds first")
     p.set_defaults(func=_cmd)

@@ -18,8 +18,8 @@ put/get/cat/cp move file data through the storage nodes (mgmtd is found through
 ``FF_MGMTD_ADDR`` or cluster.json); ``-`` as LOCAL is stdin/stdout.
 
 Where to: ``--address host:port[,host:port...]``, else ``FF_META_ADDR``, else the
-meta replicas of the local cluster in ``--state-dir`` (``ff up``'s
-``cluster.json``).  Who: ``--token``, else ``FF_TOKEN``, else the state dir's
+meta replicas of the local cluster in ``--state-dir`` / ``FF_STATE_DIR`` / ``.ff``
+(``ff up``'s ``cluster.json``).  Who: ``--token``, else ``FF_TOKEN``, else the state dir's
 token for ``--role`` (``user`` by default; ``admin`` acts as root).  Errors
 print the errno and path the service reported and exit 1.
 """
@@ -29,41 +29,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
-import os
 import stat as statmod
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from fireflyer.core.errors import FailedPrecondition, NotFound
-
 __all__ = ["register", "resolve_meta", "whoami_text"]
 
 
-def resolve_meta(state_dir: Path, *, address: str | None, token: str | None, role: str) -> tuple[list[str], str]:
-    """(meta addresses, token): explicit values, then FF_META_ADDR / FF_TOKEN, then the cluster's records."""
-    from fireflyer.cluster.records import StatePaths, read_record, read_tokens
-    from fireflyer.fs.meta_client import parse_addresses
+def resolve_meta(state_dir: Path | str | None, *, address: str | None, token: str | None,
+                 role: str) -> tuple[list[str], str]:
+    """(meta addresses, token) by :func:`fireflyer.cluster.discovery.find_cluster`'s precedence:
+    explicit values, then FF_META_ADDR / FF_TOKEN, then the cluster of ``state_dir`` (None:
+    FF_STATE_DIR, else .ff) and its ``role`` token; NoClusterFound says how to point at one."""
+    from fireflyer.cluster.discovery import find_cluster
 
-    paths = StatePaths(state_dir)
-    addresses = parse_addresses(address or os.environ.get("FF_META_ADDR"))
-    if not addresses:
-        record = read_record(paths)
-        if record is None:
-            raise FailedPrecondition(f"no cluster under {paths.root}: run `ff up`, pass --address or set "
-                                     "FF_META_ADDR", state_dir=str(paths.root))
-        addresses = [p.address for p in record.processes if p.name == "meta"]
-        if not addresses:
-            raise NotFound(f"the cluster under {paths.root} runs no meta service (add it to the cluster file)",
-                           state_dir=str(paths.root))
-    token = token or os.environ.get("FF_TOKEN") or None
-    if token is None:
-        entry = read_tokens(paths.tokens).for_role(role)
-        if entry is None:
-            raise NotFound(f"no {role} token in {paths.tokens}", role=role)
-        token = entry.token
-    return addresses, token
+    c = find_cluster(state_dir, meta=address, token=token, role=role, need=("meta", "token"))
+    assert c.token is not None
+    return list(c.meta), c.token
 
 
 # --------------------------------------------------------------------------- output
@@ -228,11 +212,9 @@ async def _ln(meta: Any, ns: argparse.Namespace) -> int:
 
 def _run(op: Callable[[Any, argparse.Namespace], Awaitable[int]]) -> Callable[[argparse.Namespace], int]:
     def handler(ns: argparse.Namespace) -> int:
-        from fireflyer.cli.cluster_cmds import resolve_state_dir
         from fireflyer.fs import MetaClient
 
-        addresses, token = resolve_meta(resolve_state_dir(ns.state_dir), address=ns.address, token=ns.token,
-                                        role=ns.role)
+        addresses, token = resolve_meta(ns.state_dir, address=ns.address, token=ns.token, role=ns.role)
 
         async def go() -> int:
             async with await MetaClient.connect(addresses, token, failover_timeout_s=ns.timeout) as meta:
@@ -332,29 +314,26 @@ def _cp(fs: Any, ns: argparse.Namespace) -> int:
 
 def _run_data(op: Callable[[Any, argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def handler(ns: argparse.Namespace) -> int:
-        from fireflyer.cli.cluster_cmds import resolve_state_dir
         from fireflyer.fs import connect
 
-        state_dir = resolve_state_dir(ns.state_dir)
-        addresses, token = resolve_meta(state_dir, address=ns.address, token=ns.token, role=ns.role)
-        with connect(meta=addresses, token=token, state_dir=state_dir) as fs:
+        addresses, token = resolve_meta(ns.state_dir, address=ns.address, token=ns.token, role=ns.role)
+        with connect(meta=addresses, token=token, state_dir=ns.state_dir) as fs:
             return op(fs, ns)
 
     return handler
 
 
 def register(subparsers: Any) -> None:
+    from fireflyer.cli.options import add_cluster_options
+
     fs = subparsers.add_parser("fs", help="file-system namespace operations through the meta service",
                                description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = fs.add_subparsers(dest="fs_command", metavar="OP", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--state-dir", default=None, metavar="DIR", help="cluster state dir (default $FF_STATE_DIR or .ff)")
-        p.add_argument("--address", default=None, help="meta host:port[,host:port...] (default $FF_META_ADDR, "
-                                                       "else cluster.json)")
-        p.add_argument("--token", default=None, help="bearer token (default $FF_TOKEN, else tokens.json)")
-        p.add_argument("--role", choices=["admin", "user"], default="user", help="which token of tokens.json to use")
+        add_cluster_options(p, address_help="meta host:port[,host:port...] (default $FF_META_ADDR, else "
+                                            "cluster.json)", role="user")
         p.add_argument("--timeout", type=float, default=10.0, metavar="S", help="give up on unreachable replicas after S")
 
     p = sub.add_parser("mkdir", help="make a directory")

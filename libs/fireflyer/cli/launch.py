@@ -18,11 +18,19 @@ Each node's worker and ranks are bound to the node's own share of the CPUs
 when there are at least as many CPUs as nodes;
 ``--cpu-bind none`` leaves placement to the scheduler.
 
-When FF_COORD_ADDR is set (or a local cluster started by ``ff up`` runs a
-coord service under FF_STATE_DIR / ./.ff) the workers join through the
-coordination service instead: it assigns node ranks (by zone, then node
-name), builds the zone-aware trees, watches liveness and collects telemetry
-(``ff coord comms``).
+The cluster is found as every ``ff`` command finds it: FF_<SVC>_ADDR and
+FF_TOKEN, else the local cluster (``ff up``) of --state-dir / FF_STATE_DIR /
+./.ff.  The ranks get its FF_*_ADDR, FF_NATS_URL, FF_TOKEN (the user's) and
+FF_STATE_DIR, so CheckpointManager() and fireflyer.fs.connect() work without
+arguments; with no cluster a line says the ranks run standalone.  When the
+cluster runs a coord service the workers join through it: it assigns node
+ranks (by zone, then node name), builds the zone-aware trees, watches
+liveness and collects telemetry (``ff coord comms``).
+
+--job NAME makes FF_JOB_ID stable (default: generated per launch).
+--max-restarts N relaunches every rank (and the workers) after a failure, up
+to N times, with FF_RESTART_COUNT counting 0, 1, ...; a bare ``python`` runs
+as the launching interpreter (sys.executable), so ranks share its venv.
 """
 
 from __future__ import annotations
@@ -48,10 +56,13 @@ def _cmd(ns: argparse.Namespace) -> int:
         parse_size(ns.chunk_size, what="--chunk-size")  # fail here, naming the option, not in N workers
     opts = LaunchOptions(nodes=ns.nodes, local_ranks=ns.local_ranks, zones=parse_zones(ns.zones, ns.nodes),
                          chunk_size=ns.chunk_size, timeout_s=ns.timeout_s, job_id=ns.job_id, cpu_bind=ns.cpu_bind)
-    return Launcher(opts, cmd, run_dir=ns.run_dir, grace_s=ns.grace, ready_timeout_s=ns.ready_timeout_s).run()
+    return Launcher(opts, cmd, run_dir=ns.run_dir, grace_s=ns.grace, ready_timeout_s=ns.ready_timeout_s,
+                    state_dir=ns.state_dir, max_restarts=ns.max_restarts).run()
 
 
 def register(subparsers: Any) -> None:
+    from fireflyer.cli.options import add_state_dir
+
     doc = __doc__ or ""
     p = subparsers.add_parser(
         "launch", help="run a command as N nodes x K local ranks with HFReduce workers (torchrun-like)",
@@ -70,7 +81,13 @@ def register(subparsers: Any) -> None:
                    help="node: bind each node's worker and ranks to its own share of the CPUs, as on real "
                         "nodes, when there are at least as many CPUs as nodes (default); none: leave "
                         "placement to the scheduler")
-    p.add_argument("--job-id", default=None, help="FF_JOB_ID of the ranks (default: generated)")
+    p.add_argument("--job", "--job-id", dest="job_id", default=None, metavar="NAME",
+                   help="FF_JOB_ID of the ranks, the same across restarts and relaunches, so a relaunched job "
+                        "resumes its own checkpoints (default: generated, launch-<hex>)")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="when a rank fails, stop every process and start them all again, up to N times, with "
+                        "FF_RESTART_COUNT=1..N (torchrun's --max-restarts; default 0)")
+    add_state_dir(p)
     p.add_argument("--run-dir", default=None, metavar="DIR",
                    help="where the node sockets live (default: a fresh temp dir, removed at the end)")
     p.add_argument("--grace", type=float, default=5.0, metavar="S",

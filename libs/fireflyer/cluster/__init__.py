@@ -1,6 +1,7 @@
 """The local cluster: ``ff up`` / ``ff status`` / ``ff down`` on one state dir.
 
 - :mod:`.config`     the cluster file (``deploy/local.toml``): nats and the services to run
+- :mod:`.discovery`  how every client finds the cluster (arguments, ``FF_*``, the state dir)
 - :mod:`.records`    what ``ff up`` writes under the state dir (cluster.json, tokens.json) and the lock
 - :mod:`.decisions`  pure rules: is a pid still ours, may up start, what down signals, status rows
 - :mod:`.procs`      observing, spawning and stopping processes
@@ -19,11 +20,13 @@ __getattr__ = lazy_attributes(__name__, {
     "load_cluster_config": "config", "parse_cluster_config": "config",
     "ClusterRecord": "records", "NatsRecord": "records", "ProcessRecord": "records", "StatePaths": "records",
     "TokensFile": "records", "read_record": "records", "read_tokens": "records",
+    "Cluster": "discovery", "find_cluster": "discovery",
     "collect_status": "supervisor", "down": "supervisor", "status": "supervisor", "up": "supervisor",
 })
 
 if TYPE_CHECKING:
     from .config import ClusterConfig, NatsSection, ServiceEntry, load_cluster_config, parse_cluster_config
+    from .discovery import Cluster, find_cluster
     from .records import (
         ClusterRecord,
         NatsRecord,
@@ -37,6 +40,8 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "Cluster",
+    "find_cluster",
     "ClusterConfig",
     "NatsSection",
     "ServiceEntry",

@@ -25,6 +25,7 @@ __all__ = [
     "PermissionDenied",
     "Unauthenticated",
     "FailedPrecondition",
+    "NoClusterFound",
     "Aborted",
     "Conflict",
     "Unavailable",
@@ -135,6 +136,11 @@ class Unauthenticated(FireFlyerError):
 class FailedPrecondition(FireFlyerError):
     code = "FAILED_PRECONDITION"
     default_for_code = True
+
+
+class NoClusterFound(FailedPrecondition):
+    """A client needs a service (or a token) and found neither an argument, an ``FF_*`` variable nor a
+    local cluster (``--state-dir`` / ``FF_STATE_DIR`` / ``.ff``); fields ``missing``, ``state_dir``."""
 
 
 class Aborted(FireFlyerError):

@@ -16,7 +16,8 @@ and :mod:`.batch` (grouping by chain and node, dedupe-safe write retries).
 **Where to.**  ``connect(meta=, mgmtd=, token=, state_dir=)``; each unset one comes
 from ``FF_META_ADDR`` / ``FF_MGMTD_ADDR`` / ``FF_TOKEN``, else from the cluster that
 ``ff up`` recorded under ``state_dir`` (``FF_STATE_DIR``, default ``.ff``; the user
-token).  Timing comes from :class:`FsClientSettings` (``FF_FS_*``).
+token): :func:`fireflyer.cluster.discovery.find_cluster`.  With none of them,
+``NoClusterFound`` says how to point the client at a cluster.  Timing comes from :class:`FsClientSettings` (``FF_FS_*``).
 
 **Paths.**  A path without a leading ``/`` is relative to the caller's home
 ``/home/<user>`` (``fs.home``; meta creates it on the first ``WhoAmI``, which the client
@@ -38,12 +39,11 @@ import os
 import threading
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
 
-from fireflyer.core.errors import FailedPrecondition, FireFlyerError, FsError, InvalidArgument
+from fireflyer.core.errors import FireFlyerError, FsError, InvalidArgument
 from fireflyer.core.settings import load_settings
 from fireflyer.meta import DirEntry, FileType, Inode, Layout, LayoutPolicy
 from fireflyer.storage.client_min import MgmtdRouting, StorageClient
@@ -52,7 +52,7 @@ from . import batch as _batch
 from .file import File, check_range
 from .home import Identity
 from .length import LengthReporter, exact_length
-from .meta_client import MetaClient, parse_addresses
+from .meta_client import MetaClient
 
 __all__ = ["FsClientSettings", "FileSystem", "BatchResult", "connect", "load_client_settings"]
 
@@ -111,27 +111,11 @@ class BatchResult(msgspec.Struct, frozen=True):
 
 def _resolve(meta: str | Sequence[str] | None, mgmtd: str | Sequence[str] | None, token: str | None,
              state_dir: str | os.PathLike[str] | None) -> tuple[list[str], list[str], str]:
-    metas = parse_addresses(meta) or parse_addresses(os.environ.get("FF_META_ADDR"))
-    mgmtds = parse_addresses(mgmtd) or parse_addresses(os.environ.get("FF_MGMTD_ADDR"))
-    token = token or os.environ.get("FF_TOKEN") or None
-    if not metas or not mgmtds or token is None:
-        from fireflyer.cluster.records import StatePaths, read_record, read_tokens
+    from fireflyer.cluster.discovery import find_cluster
 
-        paths = StatePaths(state_dir or os.environ.get("FF_STATE_DIR") or ".ff")
-        record = read_record(paths)
-        if record is None:
-            raise FailedPrecondition(
-                f"no meta/mgmtd addresses: pass meta= and mgmtd=, set FF_META_ADDR and FF_MGMTD_ADDR, or run "
-                f"`ff up` (no cluster under {paths.root})", state_dir=str(paths.root))
-        metas = metas or [p.address for p in record.processes if p.name == "meta"]
-        mgmtds = mgmtds or [p.address for p in record.processes if p.name == "mgmtd"]
-        if token is None:
-            entry = read_tokens(Path(record.tokens_file)).for_role("user")
-            token = entry.token if entry is not None else None
-    if not metas or not mgmtds or not token:
-        raise FailedPrecondition("the cluster has no meta or mgmtd service, or no user token",
-                                 meta=",".join(metas), mgmtd=",".join(mgmtds))
-    return metas, mgmtds, token
+    c = find_cluster(state_dir, meta=meta, mgmtd=mgmtd, token=token, need=("meta", "mgmtd", "token"))
+    assert c.token is not None
+    return list(c.meta), list(c.mgmtd), c.token
 
 
 def connect(*, meta: str | Sequence[str] | None = None, mgmtd: str | Sequence[str] | None = None,
@@ -460,10 +444,22 @@ class FileSystem:
             raise InvalidArgument(f"batch item {i}: target must be a path or an open File, got {type(t).__name__}")
 
     def batch_read(self, ios: Sequence[tuple[str | File, int, int]]) -> list[BatchResult]:
-        """Read many ``(path or File, offset, length)`` at once (short at EOF); one result per I/O.
+        """Read many ``(path or File, offset, length)`` at once.
 
-        All I/Os' chunk pieces are grouped by chain and node and read concurrently, each received
-        straight into its I/O's result buffer (see :mod:`.batch`); ``data`` is a ``bytearray``."""
+        Returns a list of :class:`BatchResult`, one per I/O, in the order of ``ios``:
+
+        - ``ok`` (``error is None``): ``data`` is a ``bytearray`` of its own with the bytes read,
+          ``length`` of them, fewer when the range runs past the end of the file (``b""`` at or
+          after it); holes read as zeros.  ``written`` is 0.
+        - otherwise ``error`` is that I/O's exception (``FsError`` with ``errno`` ENOENT for a
+          missing file, EISDIR for a directory, EACCES ...; a storage error that outlasted the
+          retry deadline) and ``data`` is ``b""``.  One I/O failing does not fail the others:
+          check ``ok`` on each result (nothing is raised for it).
+
+        Bad arguments (a negative offset or length, a length over ``max_io_bytes``, a target that
+        is neither a path nor a File) raise ``InvalidArgument`` before anything is read.  All
+        I/Os' chunk pieces are grouped by chain and node and read concurrently, each received
+        straight into its I/O's result buffer (see :mod:`.batch`)."""
         for i, (t, off, n) in enumerate(ios):
             self._check_target(t, i)
             check_range(off, n, what=f"batch_read item {i}", limit=self.settings.max_io_bytes)
@@ -494,9 +490,13 @@ class FileSystem:
         return out
 
     def batch_read_into(self, ios: Sequence[tuple[str | File, int, Buffer]]) -> list[BatchResult]:
-        """Read many ``(path or File, offset, buffer)`` at once, each into its writable buffer;
-        one result per I/O with ``written`` = the bytes read (short at EOF; the rest of the
-        buffer is left as it was).  Holes read as zeros.
+        """Read many ``(path or File, offset, buffer)`` at once, each into its writable buffer.
+
+        Returns one :class:`BatchResult` per I/O, in order: when ``ok``, ``written`` is the
+        number of bytes read into the buffer (its size, or fewer at EOF; the rest of the buffer
+        is left as it was) and ``data`` is ``b""``; otherwise ``error`` is that I/O's exception
+        (as in :meth:`batch_read`; the buffer's contents are then unspecified).  Holes read as
+        zeros.
 
         Like :meth:`batch_read` without allocating (and zero-filling) a result buffer per I/O:
         the pieces are received straight into the caller's memory, e.g. ``np.empty`` arrays
@@ -541,10 +541,16 @@ class FileSystem:
         return out
 
     def batch_write(self, ios: Sequence[tuple[str | File, int, Buffer]]) -> list[BatchResult]:
-        """Write many ``(path or File, offset, data)`` to existing files at once; one result per I/O.
+        """Write many ``(path or File, offset, data)`` to existing files at once.
 
-        Bad arguments raise before anything is written; a missing file or a directory is
-        that I/O's error.  Lengths are reported to meta before returning."""
+        Returns one :class:`BatchResult` per I/O, in order: when ``ok``, ``written`` is the
+        number of bytes written (all of ``data``; a write is never short) and ``data`` is
+        ``b""``; otherwise ``error`` is that I/O's exception (``FsError`` ENOENT for a missing
+        file, EISDIR for a directory, EACCES; a storage error after the retry deadline), and
+        what part of it reached storage is unspecified.  Failures are per I/O, not raised.
+
+        Bad arguments raise ``InvalidArgument`` before anything is written.  The files' new
+        lengths are reported to meta before returning."""
         for i, (t, off, data) in enumerate(ios):
             self._check_target(t, i)
             if not isinstance(data, bytes | bytearray | memoryview):

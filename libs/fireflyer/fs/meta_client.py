@@ -146,9 +146,11 @@ class MetaClient:
     async def connect(cls, addresses: str | Sequence[str] | None = None, token: str | None = None, *,
                       mgmtd: Any = None, settings: RpcSettings | None = None,
                       failover_timeout_s: float = 10.0, transport: str | None = None) -> MetaClient:
-        """A client for ``addresses`` (or mgmtd's meta nodes, or FF_META_ADDR).
+        """A client for ``addresses`` (or mgmtd's meta nodes, or FF_META_ADDR, or the local
+        cluster's meta replicas: ``fireflyer.cluster.discovery.find_cluster``).
 
-        ``token=None`` uses ``FF_TOKEN``.  Channels connect lazily, so this does
+        ``token=None`` uses ``FF_TOKEN`` (or, when the addresses came from the local cluster,
+        its user token).  Channels connect lazily, so this does
         not fail when a replica is down; the first call does, after failover.
         """
         if token is None:
@@ -162,7 +164,11 @@ class MetaClient:
             if not found:
                 found = await refresh()
         if not found:
-            found = parse_addresses(os.environ.get("FF_META_ADDR"))
+            # FF_META_ADDR, else the local cluster (FF_STATE_DIR / .ff): one precedence for every client
+            from fireflyer.cluster.discovery import find_cluster
+
+            c = find_cluster(need=("meta",), token=token)
+            found, token = list(c.meta), c.token
         return cls(found, token, settings=settings, failover_timeout_s=failover_timeout_s, refresh=refresh,
                    transport=transport)
 

@@ -6,9 +6,13 @@ What happens, in order (the plan itself is :mod:`.launch_plan`, pure):
 
 1. one HFReduce worker per node (``python -m fireflyer.hfreduce.worker``), node
    ``i`` listening on ``127.0.0.(i+1)``, each given the full peer list; or, when
-   ``FF_COORD_ADDR`` is set (or ``ff up``'s cluster under ``FF_STATE_DIR``/``.ff``
-   runs a live coord), each told to join the coordination service, which
-   assigns the node ranks (read back from the workers' ready lines);
+   ``FF_COORD_ADDR`` is set (or ``ff up``'s cluster under ``--state-dir`` /
+   ``FF_STATE_DIR`` / ``.ff`` runs a live coord), each told to join the
+   coordination service, which assigns the node ranks (read back from the
+   workers' ready lines).  The cluster is found as every client finds it
+   (:func:`discover_cluster`); the ranks get its ``FF_<SVC>_ADDR``,
+   ``FF_NATS_URL``, ``FF_TOKEN`` and ``FF_STATE_DIR``, and without one a line
+   says they run standalone;
 2. wait for every worker's ready line (``hfreduce worker ready node=R ...``)
    within a deadline; a worker that exits or stays silent fails the launch
    with its output tail and everything started so far is stopped;
@@ -21,6 +25,14 @@ What happens, in order (the plan itself is :mod:`.launch_plan`, pure):
    workers are stopped and the result is 0.  A worker dying under running
    ranks fails the job (exit code 1).  SIGINT/SIGTERM to the launcher stop
    everything (exit code 130/143).
+5. with ``max_restarts`` N, a failed rank (or a dead worker) instead stops
+   every process and starts them all again, up to N times, with
+   ``FF_RESTART_COUNT`` 1, 2, ... and the same ``FF_JOB_ID`` (torchrun's
+   ``--max-restarts``); a line says so each time.  When the restarts are
+   spent, the last failure's exit code is the result.
+
+A bare ``python`` (or ``python3``) as the command is the launching interpreter
+(:func:`resolve_interpreter`), so the ranks run in the launcher's venv.
 
 Every child runs in a session of its own, so stopping signals its whole
 process group (a rank that forked helpers, a ``sh -c`` wrapper) and a Ctrl-C in
@@ -49,7 +61,7 @@ from typing import IO, Any
 
 from fireflyer.cluster.decisions import StopTarget
 from fireflyer.cluster.procs import free_ports, observe, stop_processes
-from fireflyer.core.errors import InvalidArgument, Unavailable
+from fireflyer.core.errors import InvalidArgument, NotFound, Unavailable
 
 from .launch_plan import (
     WORKER_MODULE,
@@ -62,7 +74,8 @@ from .launch_plan import (
 )
 
 __all__ = ["Launcher", "LaunchOptions", "WorkerStartError", "LineSink", "print_line", "exit_code_of",
-           "default_worker_prefix", "READY_PREFIX", "launch", "discover_coord"]
+           "default_worker_prefix", "READY_PREFIX", "launch", "discover_coord", "discover_cluster",
+           "resolve_interpreter"]
 
 #: the first words of the line a worker prints on stdout once it serves
 READY_PREFIX = "hfreduce worker ready"
@@ -85,6 +98,16 @@ def print_line(source: str, stream: str, line: str) -> None:
 def exit_code_of(returncode: int) -> int:
     """A Popen return code as a shell would report it: killed by signal S -> 128+S."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def resolve_interpreter(cmd: Sequence[str], executable: str | None = None) -> list[str]:
+    """``cmd`` with a bare ``python`` / ``python3`` replaced by the launching interpreter
+    (``sys.executable``), so the ranks run in the launcher's environment (its venv), not
+    whatever ``python`` is first on PATH.  Anything else (a path, ``python3.11``) is left alone."""
+    out = list(cmd)
+    if out and out[0] in ("python", f"python{sys.version_info.major}"):
+        out[0] = executable or sys.executable or out[0]
+    return out
 
 
 def default_worker_prefix() -> list[str]:
@@ -156,11 +179,20 @@ class Launcher:
     def __init__(self, opts: LaunchOptions, cmd: Sequence[str], *, run_dir: str | Path | None = None,
                  grace_s: float = 5.0, ready_timeout_s: float = 60.0, sink: LineSink = print_line,
                  env: dict[str, str] | None = None, worker_prefix: Sequence[str] | None = None,
-                 handle_signals: bool = True, start_workers: bool = True, deadline_s: float | None = None) -> None:
+                 handle_signals: bool = True, start_workers: bool = True, deadline_s: float | None = None,
+                 state_dir: str | Path | None = None, max_restarts: int = 0) -> None:
         if not cmd:
             raise InvalidArgument("no command to launch: give it after '--' (ff launch ... -- python train.py)")
+        if max_restarts < 0:
+            raise InvalidArgument(f"--max-restarts must be >= 0, got {max_restarts}", value=max_restarts)
         self.opts = opts
-        self.cmd = list(cmd)
+        self.cmd = resolve_interpreter(cmd)
+        #: the local cluster to hand to the ranks (None: FF_STATE_DIR of ``env``, else ./.ff)
+        self.state_dir = state_dir
+        #: relaunch every rank (and the workers) this many times after a failure (torchrun's --max-restarts)
+        self.max_restarts = max_restarts
+        #: restarts done so far in this run
+        self.restarts = 0
         self.grace_s = grace_s
         self.ready_timeout_s = ready_timeout_s
         self.sink = sink
@@ -176,29 +208,44 @@ class Launcher:
         self.ranks: list[_Child] = []
         self.plan: LaunchPlan | None = None
         self._stopping = False
+        self._earlier: list[_Child] = []  # processes of attempts before a restart (already stopped)
 
     @property
     def pids(self) -> list[int]:
-        return [c.popen.pid for c in self.workers + self.ranks]
+        return [c.popen.pid for c in self._earlier + self.workers + self.ranks]
 
     # -- the whole job -------------------------------------------------------------------------------------------
 
     def run(self) -> int:
-        if not self.env.get("FF_COORD_ADDR") and self.start_workers:
-            self.env.update(discover_coord(self.env))
-        note = coord_note(self.env)
+        found, note = discover_cluster(self.env, self.state_dir)
+        self.env.update(found)
+        if note:
+            self.sink("launch", "stderr", note)
+        note = coord_note(self.env) if self.start_workers else None
         if note:
             self.sink("launch", "stderr", note)
         run_dir, created = self._make_run_dir()
         restore = self._install_signal_handlers()
+        # one job id for every attempt, so a relaunched job finds its own checkpoints
+        job_id = self.opts.job_id or f"launch-{secrets.token_hex(4)}"
+        first_restart = int(self.env.get("FF_RESTART_COUNT") or 0)
         try:
-            self.plan = self._plan(run_dir)
-            if self.start_workers:
-                self._start_workers(self.plan)
-                if self.env.get("FF_COORD_ADDR"):
-                    self.plan = with_node_ranks(self.plan, self._coord_ranks())
-            self._start_ranks(self.plan)
-            return self._wait()
+            while True:
+                self.plan = self._plan(run_dir, job_id, first_restart + self.restarts)
+                if self.start_workers:
+                    self._start_workers(self.plan)
+                    if self.env.get("FF_COORD_ADDR"):
+                        self.plan = with_node_ranks(self.plan, self._coord_ranks())
+                self._start_ranks(self.plan)
+                code, failed = self._wait()
+                if code == 0 or failed is None or self.restarts >= self.max_restarts:
+                    return code
+                self.restarts += 1
+                self.sink("launch", "stderr", f"ff launch: {failed} exited with {code}; restarting "
+                                              f"({self.restarts}/{self.max_restarts})")
+                self._stop_all()
+                self._earlier += self.workers + self.ranks
+                self.workers, self.ranks = [], []
         except _Interrupted as e:
             self.sink("launch", "stderr", f"got {signal.Signals(e.signum).name}: stopping every process")
             return 128 + e.signum
@@ -216,16 +263,41 @@ class Launcher:
         # under /tmp, short: the node sockets live here and sun_path allows 107 bytes
         return Path(tempfile.mkdtemp(prefix="ff-launch-", dir="/tmp" if os.path.isdir("/tmp") else None)), True
 
-    def _plan(self, run_dir: Path) -> LaunchPlan:
+    def _plan(self, run_dir: Path, job_id: str | None = None, restart_count: int = 0) -> LaunchPlan:
+        job_id = job_id or self.opts.job_id or f"launch-{secrets.token_hex(4)}"
         # one call on the wildcard address: distinct ports, each free on every address, so torch's
         # store (which listens on all of them) cannot collide with a worker's listener
         *ports, master_port = free_ports(self.opts.nodes + 1, "0.0.0.0")
-        job_id = f"launch-{secrets.token_hex(4)}"
         coord = self.env.get("FF_COORD_ADDR") if self.start_workers else None
         return make_plan(self.opts, run_dir=run_dir, ports=ports, master_port=master_port, job_id=job_id,
                          token=secrets.token_hex(16), base_env=self.env, worker_prefix=self.worker_prefix,
-                         coord_addr=coord or None, restart_count=int(self.env.get("FF_RESTART_COUNT") or 0),
-                         cpus=_allowed_cpus())
+                         coord_addr=coord or None, restart_count=restart_count, cpus=_allowed_cpus(),
+                         coord_restart_count=self._coord_restart_count(coord, job_id, restart_count) if coord
+                         else None)
+
+    def _coord_restart_count(self, coord: str, job_id: str, restart_count: int) -> int:
+        """The restart count the workers join coord with: ours, raised past the one coord keeps for
+        the job's communicator when an earlier run of the same job (``--job NAME`` relaunched, or
+        the attempt before a restart) left one there -- coord refuses a join from an "older run"."""
+        import asyncio
+
+        from fireflyer.coord import CoordClient
+        from fireflyer.coord.model import comm_id
+
+        async def current() -> int | None:
+            async with CoordClient(coord, token=self.env.get("FF_TOKEN") or None) as c:
+                try:
+                    return (await asyncio.wait_for(c.get(comm_id(job_id, "default")), 10.0)).restart_count
+                except NotFound:
+                    return None
+
+        try:
+            found = asyncio.run(current())
+        except Exception as e:  # noqa: BLE001 -- best effort: a join with ours still works for a fresh job
+            self.sink("launch", "stderr", f"ff launch: could not read {job_id}/default from coord ({e}); "
+                                          f"joining with restart count {restart_count}")
+            return restart_count
+        return restart_count if found is None else max(restart_count, found + 1)
 
     def _coord_ranks(self) -> dict[int, int]:
         """Planned node index -> the node rank coord gave that worker (``node=R`` of its ready line)."""
@@ -283,14 +355,16 @@ class Launcher:
             child.read(popen.stdout, "stdout", self.sink)
             child.read(popen.stderr, "stderr", self.sink)
 
-    def _wait(self) -> int:
-        """Poll until every rank exited 0 (-> 0) or one failed / a worker died (-> its code)."""
+    def _wait(self) -> tuple[int, str | None]:
+        """Poll until every rank exited 0 (-> 0) or one failed / a worker died (-> its code and
+        label, which a restart may retry); past the deadline -> (124, None)."""
         done: set[int] = set()
         deadline = time.monotonic() + self.deadline_s if self.deadline_s is not None else None
+        can_restart = self.restarts < self.max_restarts
         while len(done) < len(self.ranks):
             if deadline is not None and time.monotonic() >= deadline:
                 self.sink("launch", "stderr", f"the job ran past its {self.deadline_s:g} s limit; stopping every process")
-                return 124
+                return 124, None
             for i, r in enumerate(self.ranks):
                 if i in done:
                     continue
@@ -300,8 +374,9 @@ class Launcher:
                 done.add(i)
                 if rc != 0:
                     code = exit_code_of(rc)
-                    self.sink("launch", "stderr", f"{r.label} exited with code {code}; stopping every other process")
-                    return code
+                    if not can_restart:
+                        self.sink("launch", "stderr", f"{r.label} exited with code {code}; stopping every other process")
+                    return code, r.label
             for w in self.workers:
                 rc = w.popen.poll()
                 if rc is not None:
@@ -309,9 +384,9 @@ class Launcher:
                         t.join(1.0)
                     self.sink("launch", "stderr", f"{w.label} exited with code {exit_code_of(rc)} while ranks "
                               f"were running; stopping every process. Its output:\n{w.tail_text()}")
-                    return 1
+                    return 1, w.label
             time.sleep(_POLL_S)
-        return 0
+        return 0, None
 
     # -- processes -----------------------------------------------------------------------------------------------
 
@@ -424,39 +499,34 @@ def _kill_sessions(sids: set[int]) -> None:
             time.sleep(_POLL_S)
 
 
-def discover_coord(env: dict[str, str]) -> dict[str, str]:
-    """The service addresses of a running ``ff up`` cluster with a live coord (+ FF_NATS_URL,
-    FF_TOKEN unless set): FF_COORD_ADDR, and FF_<SVC>_ADDR of every other live service (meta,
-    mgmtd for 3FS, FF_CKPT_ADDR for checkpoints) that ``env`` does not already name.
+def discover_cluster(env: dict[str, str], state_dir: str | Path | None = None) -> tuple[dict[str, str], str | None]:
+    """(variables to add to ``env``, a note to print) for the cluster the ranks should use.
 
-    Looks under ``FF_STATE_DIR`` (default ``.ff``); nothing when there is no cluster
-    record, no coord in it, or its process is gone.
+    The cluster is found as every client finds it (:func:`fireflyer.cluster.discovery.find_cluster`:
+    the ``FF_*`` variables of ``env``, else the local cluster of ``state_dir`` / ``FF_STATE_DIR`` /
+    ``.ff``), counting only processes that still run.  The variables are its ``FF_<SVC>_ADDR``,
+    ``FF_NATS_URL``, ``FF_TOKEN`` (the user's) and ``FF_STATE_DIR``, only those ``env`` does not set.
+    With no cluster at all the note says the ranks run standalone.
     """
-    try:
-        from fireflyer.cluster.procs import alive
-        from fireflyer.cluster.records import StatePaths, read_record, read_tokens
-        from fireflyer.cluster.supervisor import address_env
+    from fireflyer.cluster.discovery import find_cluster, state_dir_of
+    from fireflyer.core.errors import FireFlyerError
 
-        paths = StatePaths(env.get("FF_STATE_DIR") or ".ff")
-        record = read_record(paths)
-        if record is None:
-            return {}
-        coord = next((p for p in record.processes if p.name == "coord"), None)
-        if coord is None or not alive(coord.pid, coord.start_ticks):
-            return {}
-        live = [(p.name, p.address) for p in record.processes
-                if p.address and p.name != "coord" and alive(p.pid, p.start_ticks)]
-        out = {k: v for k, v in address_env(live).items() if not env.get(k)}
-        out["FF_COORD_ADDR"] = coord.address
-        if not env.get("FF_NATS_URL"):
-            out["FF_NATS_URL"] = record.nats.url
-        if not env.get("FF_TOKEN"):
-            entry = read_tokens(paths.tokens).for_role("user") or read_tokens(paths.tokens).for_role("admin")
-            if entry is not None:
-                out["FF_TOKEN"] = entry.token
-        return out
-    except Exception:  # noqa: BLE001 - a broken record must not stop a launch that does not need it
-        return {}
+    root = state_dir_of(state_dir, env)
+    try:
+        cluster = find_cluster(state_dir, env=env, live_only=True)
+    except FireFlyerError as e:  # an unreadable record: say so, and run without it
+        return {}, f"ff launch: the cluster under {root} is unreadable ({e}); the ranks run standalone"
+    if not (cluster.meta or cluster.mgmtd or cluster.ckpt or cluster.coord or cluster.sched):
+        return {}, (f"ff launch: no Fire-Flyer cluster found (no live services in {root}/cluster.json, no "
+                    "FF_*_ADDR): the ranks run standalone; pass --state-dir DIR or set FF_STATE_DIR to use one")
+    return {k: v for k, v in cluster.env().items() if not env.get(k)}, None
+
+
+def discover_coord(env: dict[str, str]) -> dict[str, str]:
+    """The service variables of a running ``ff up`` cluster with a live coord (``{}`` without one):
+    :func:`discover_cluster` for callers that only want the cluster when coord runs."""
+    found, _ = discover_cluster(env)
+    return found if found.get("FF_COORD_ADDR") else {}
 
 
 def launch(opts: LaunchOptions, cmd: Sequence[str], **kw: Any) -> int:

@@ -267,7 +267,7 @@ def _validate(opts: LaunchOptions) -> None:
 def make_plan(opts: LaunchOptions, *, run_dir: str | Path, ports: Sequence[int], master_port: int,
               job_id: str, token: str | None = None, base_env: Mapping[str, str] | None = None,
               worker_prefix: Sequence[str] | None = None, coord_addr: str | None = None,
-              restart_count: int = 0, cpus: Sequence[int] = ()) -> LaunchPlan:
+              restart_count: int = 0, cpus: Sequence[int] = (), coord_restart_count: int | None = None) -> LaunchPlan:
     """The plan for ``opts``: ``ports[i]`` is node ``i``'s engine port, free on its address.
 
     ``job_id`` is used unless ``opts.job_id`` names one.  ``base_env`` is the
@@ -279,6 +279,9 @@ def make_plan(opts: LaunchOptions, *, run_dir: str | Path, ports: Sequence[int],
     instead of getting ``--peers``; the node ranks in the plan are then provisional
     until :func:`with_node_ranks` applies coord's.  ``cpus``: the CPUs the launcher
     may use, split among the nodes when ``opts.cpu_bind`` is ``node`` (empty: no binding).
+    ``restart_count`` is the ranks' ``FF_RESTART_COUNT``; ``coord_restart_count`` (default the
+    same) the one the workers join coord with, which must exceed what an earlier run of the job
+    left there.
     """
     _validate(opts)
     if len(ports) != opts.nodes:
@@ -298,7 +301,7 @@ def make_plan(opts: LaunchOptions, *, run_dir: str | Path, ports: Sequence[int],
                 "--local-world-size", str(opts.local_ranks), "--socket", sock, "--job-id", job]
         if coord_addr:
             argv += ["--coord", coord_addr, "--node-name", f"node{i}", "--listen", f"{node_address(i)}:{ports[i]}",
-                     "--restart-count", str(restart_count)]
+                     "--restart-count", str(restart_count if coord_restart_count is None else coord_restart_count)]
             if opts.zones is not None:
                 argv += ["--zone", opts.zones[i]]
         else:

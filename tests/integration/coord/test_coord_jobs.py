@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -114,3 +115,43 @@ async def test_coord_restart_during_a_running_job(tmp_path: Path, job_env: dict[
             again.stop()
     finally:
         job.stop()
+
+
+FAIL_ONCE = textwrap.dedent("""
+    import os, sys, numpy as np
+    from fireflyer import hfreduce
+    comm = hfreduce.init(timeout_s=30)
+    x = comm.empty(1024, np.float32)
+    x[:] = 1
+    comm.allreduce(x)
+    restart = os.environ["FF_RESTART_COUNT"]
+    if os.environ["FF_RANK"] == "1" and restart == "0" and len(sys.argv) > 1:
+        os._exit(3)  # dies with the communicator open, as a crashing trainer does
+    comm.barrier(); comm.close()
+    print("done", os.environ["FF_JOB_ID"], restart, int(x[0]), flush=True)
+""")
+
+
+async def test_restarts_and_relaunches_of_a_named_job_through_coord(tmp_path: Path, job_env: dict[str, str],
+                                                                   coord_proc) -> None:  # type: ignore[no-untyped-def]
+    """--job NAME with --max-restarts: the relaunched attempt and a later launch of the same job join
+    coord as newer runs of it (coord refuses joins it takes for an older run)."""
+    await coord_proc.wait_healthy()
+    prog = tmp_path / "once.py"
+    prog.write_text(FAIL_ONCE)
+    base = ["launch", "--nodes", "2", "--local-ranks", "1", "--job", "rj", "--timeout-s", "20"]
+    p = await asyncio.to_thread(ff, *base, "--max-restarts", "1", "--", "python", str(prog), "fail", env=job_env,
+                                timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "ff launch: rank 1 exited with 3; restarting (1/1)" in p.stderr
+    assert all(f"[rank {r}] done rj 1 2" in p.stdout for r in range(2)), p.stdout
+    async with CoordClient(coord_proc.address, token=job_env["FF_TOKEN"]) as c:
+        first = await c.get("rj/default")
+        assert first.state == "ended" and first.restart_count >= 1
+    p = await asyncio.to_thread(ff, *base, "--", "python", str(prog), env=job_env, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert all(f"[rank {r}] done rj 0 2" in p.stdout for r in range(2)), p.stdout
+    async with CoordClient(coord_proc.address, token=job_env["FF_TOKEN"]) as c:
+        second = await c.get("rj/default")
+        assert second.state == "ended" and second.generation > first.generation
+        assert second.restart_count > first.restart_count

@@ -309,3 +309,71 @@ def test_sigterm_to_the_launcher_stops_everything(stand_in: list[str], tmp_path:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+# --- --job and --max-restarts (issue 47 point 3) ------------------------------------------------------------
+
+_FAILS_ONCE = textwrap.dedent("""
+    import os, sys
+    e = os.environ
+    print('job', e['FF_JOB_ID'], 'restart', e['FF_RESTART_COUNT'], flush=True)
+    if e['FF_RANK'] == '1' and e['FF_RESTART_COUNT'] == '0':
+        sys.exit(3)
+""")
+
+
+def _printed(lines: Lines, rank: int) -> list[tuple[str, str]]:
+    return [(ln.split()[1], ln.split()[3]) for ln in lines.of(f"rank {rank}", "stdout") if ln.startswith("job ")]
+
+
+def test_max_restarts_relaunches_every_rank_with_a_stable_job_id(stand_in: list[str]) -> None:
+    la, lines = make(stand_in, _FAILS_ONCE, nodes=2, local=1, max_restarts=2,
+                     env={"FF_RESTART_COUNT": ""})
+    la.opts = LaunchOptions(nodes=2, local_ranks=1, job_id="myjob")
+    assert la.run() == 0
+    assert la.restarts == 1
+    assert lines.of("launch", "stderr").count("ff launch: rank 1 exited with 3; restarting (1/2)") == 1
+    for r in (0, 1):
+        seen = _printed(lines, r)
+        assert {job for job, _ in seen} == {"myjob"}
+        assert ("myjob", "1") in seen  # every rank ran again, with the restart counted
+    assert ("myjob", "0") in _printed(lines, 1)
+    assert len(la.pids) == 2 * (2 + 2)  # two attempts of 2 workers + 2 ranks, all stopped
+    assert_nothing_left(la.pids)
+
+
+def test_generated_job_id_is_kept_across_restarts(stand_in: list[str]) -> None:
+    la, lines = make(stand_in, _FAILS_ONCE, nodes=1, local=2, max_restarts=1)
+    assert la.run() == 0
+    jobs = {job for r in (0, 1) for job, _ in _printed(lines, r)}
+    assert len(jobs) == 1 and jobs.pop().startswith("launch-")
+    assert_nothing_left(la.pids)
+
+
+def test_restarts_spent_give_the_failing_rank_code(stand_in: list[str]) -> None:
+    code = "import os, sys; print('restart', os.environ['FF_RESTART_COUNT'], flush=True); sys.exit(4)"
+    la, lines = make(stand_in, code, nodes=1, local=1, max_restarts=2)
+    assert la.run() == 4
+    assert la.restarts == 2
+    assert [ln for ln in lines.of("launch") if "restarting" in ln] == [
+        "ff launch: rank 0 exited with 4; restarting (1/2)", "ff launch: rank 0 exited with 4; restarting (2/2)"]
+    assert lines.of("rank 0", "stdout") == ["restart 0", "restart 1", "restart 2"]
+    assert any("rank 0 exited with code 4; stopping" in ln for ln in lines.of("launch"))
+    assert_nothing_left(la.pids)
+
+
+def test_cli_takes_job_and_max_restarts(stand_in: list[str], monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from fireflyer.cli.main import main
+
+    monkeypatch.setattr(launch_mod, "default_worker_prefix", lambda: stand_in)
+    for var in ("FF_RESTART_COUNT", "FF_META_ADDR", "FF_MGMTD_ADDR", "FF_CKPT_ADDR", "FF_COORD_ADDR", "FF_SCHED_ADDR"):
+        monkeypatch.delenv(var, raising=False)
+    rc = main(["launch", "--state-dir", str(tmp_path / "none"), "--job", "named", "--max-restarts", "1",
+               "--grace", "1", "--", "python", "-c", _FAILS_ONCE.replace("'1'", "'0'")])
+    assert rc == 0
+    out, err = capsys.readouterr()
+    assert "[rank 0] job named restart 0" in out and "[rank 0] job named restart 1" in out
+    assert "ff launch: rank 0 exited with 3; restarting (1/1)" in err
+    # no cluster in that state dir: one line says the ranks run standalone
+    assert err.count("no Fire-Flyer cluster found") == 1 and "standalone" in err

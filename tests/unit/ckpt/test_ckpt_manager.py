@@ -131,10 +131,15 @@ def test_rank_and_world_from_environment(tmp_path, monkeypatch):
         CheckpointManager("env", root=tmp_path)
 
 
-def test_no_catalog_configured(monkeypatch):
-    monkeypatch.delenv("FF_CKPT_ADDR", raising=False)
-    with pytest.raises(InvalidArgument, match="FF_CKPT_ADDR"):
+def test_no_catalog_configured(monkeypatch, tmp_path):
+    from fireflyer.core.errors import NoClusterFound
+
+    for var in ("FF_CKPT_ADDR", "FF_META_ADDR", "FF_MGMTD_ADDR", "FF_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("FF_STATE_DIR", str(tmp_path / "none"))
+    with pytest.raises(NoClusterFound, match="no Fire-Flyer cluster found.*FF_CKPT_ADDR.*pass root=DIR") as e:
         CheckpointManager("nocat")
+    assert e.value.job == "nocat" and e.value.missing.startswith("ckpt")
 
 
 def test_bad_input_writes_nothing(mgr, tmp_path):
@@ -206,18 +211,41 @@ def test_corrupted_index_is_caught_by_its_committed_digest(mgr, tmp_path):
     assert err.value.checkpoint == rec.id and rec.id in str(err.value)
 
 
-def test_maybe_save_interval_with_manual_clock(tmp_path):
+def test_maybe_save_saves_at_its_first_call_then_every_interval(tmp_path):
     clock = ManualClock()
     with CheckpointManager("iv", root=tmp_path, interval_s=10, clock=clock) as m:
-        assert m.maybe_save(1, {"x": torch.ones(2)}) is None
-        clock.advance(10)
-        fut = m.maybe_save(2, {"x": torch.ones(2)})
-        assert fut is not None and fut.result().step == 2
+        clock.advance(3)
+        first = m.maybe_save(1, {"x": torch.ones(2)})  # the first call saves, whatever the interval
+        assert first is not None and first.result().step == 1
         clock.advance(9.5)
-        assert m.maybe_save(3, {"x": torch.ones(2)}) is None
+        assert m.maybe_save(2, {"x": torch.ones(2)}) is None
         clock.advance(0.5)
-        assert m.maybe_save(4, {"x": torch.ones(2)}).result().step == 4
-        assert [r.step for r in m.list()] == [2, 4]
+        fut = m.maybe_save(3, {"x": torch.ones(2)})
+        assert fut is not None and fut.result().step == 3
+        clock.advance(5)
+        m.save(4, {"x": torch.ones(2)}, blocking=True)  # an explicit save restarts the interval
+        clock.advance(9)
+        assert m.maybe_save(5, {"x": torch.ones(2)}) is None
+        clock.advance(1)
+        assert m.maybe_save(6, {"x": torch.ones(2)}).result().step == 6
+        assert [r.step for r in m.list()] == [3, 4, 6]  # keep_last=3 by default
+
+
+def test_maybe_save_with_the_default_interval_saves_in_a_short_job(tmp_path):
+    clock = ManualClock()
+    with CheckpointManager("short", root=tmp_path, clock=clock) as m:
+        assert m.interval_s == 300.0
+        saved = [s for s in range(20) if (clock.advance(1.0), m.maybe_save(s, {"x": torch.ones(2)}))[1]]
+        m.wait()
+        assert saved == [0] and m.latest().step == 0  # a 20 s job still has a checkpoint
+
+
+def test_maybe_save_with_interval_zero_saves_every_call(tmp_path):
+    with CheckpointManager("every", root=tmp_path, interval_s=0, clock=ManualClock()) as m:
+        for step in range(3):
+            assert m.maybe_save(step, {"x": torch.ones(2)}) is not None
+        m.wait()
+        assert [r.step for r in m.list()] == [0, 1, 2]
 
 
 def test_retention_keep_last(tmp_path):
