@@ -24,6 +24,12 @@ communicator is dead: build a new one with ``init()``.
 
 Order: a rank's ops complete in submission order.
 
+Closing.  ``comm.close()`` leaves the communicator.  One never closed (a torch script that
+skips ``destroy_process_group``) says the same goodbye at interpreter exit, or when it is
+garbage collected, within ``GOODBYE_S``, so its worker retires it quietly; not from a forked
+child (the socket is the parent's), and not when the interpreter ends on an uncaught
+exception, which the worker reports as the rank's failure (``hfreduce.comm_failed``).
+
 Records.  ``comm.status()`` shows the worker's records of recent and pending ops (phases,
 arrivals, per-tree and per-peer times).  A communicator made with ``init(op_records=True)``
 also gets each op's record in its reply, as ``Work.record`` (otherwise None): that costs a
