@@ -30,6 +30,7 @@ from fireflyer.ckpt.localfs import LocalFS
 from fireflyer.ckpt.model import CheckpointRecord
 from fireflyer.core.config import ServiceSettings
 from fireflyer.core.errors import FireFlyerError, SettingsError
+from fireflyer.core.patience import Patience
 from fireflyer.core.runtime import Service, ServiceContext, run_service
 from fireflyer.kv import KV, aopen_kv
 from fireflyer.meta.model import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
@@ -143,14 +144,15 @@ class CheckpointService(Service):
         a layout cannot name a table that does not exist yet.  Until then checkpoints get the
         inherited chunk size (correct, only slower to write)."""
         assert self._ctx is not None
-        delay, said = 0.5, ""
+        delay = 0.5
+        # each new reason once at INFO ("chain table 1 does not exist" while storage forms the
+        # chains), a WARNING only if the wait lasts
+        patience = Patience(self._ctx.log, "checkpoint.chunk_size_waiting", grace_s=60.0)
         while True:
             try:
                 got = await asyncio.to_thread(prefer_chunk_size, self.fs, root, chunk_bytes)
             except FireFlyerError as e:
-                if str(e) != said:  # each new reason once
-                    said = str(e)
-                    self._ctx.log.info("checkpoint.chunk_size_waiting", root=root, chunk_bytes=chunk_bytes, error=said)
+                patience.failed(e, root=root, chunk_bytes=chunk_bytes)
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, max_delay_s)
                 continue

@@ -41,6 +41,7 @@ from fireflyer.bus.events import Event
 from fireflyer.core.clock import Clock
 from fireflyer.core.errors import FireFlyerError, InvalidArgument
 from fireflyer.core.log import EventLogger
+from fireflyer.core.patience import Patience
 from fireflyer.kv import KV, Txn
 from fireflyer.mgmt import edits
 from fireflyer.mgmt.client import RoutingUpdated, registry_subject, routing_subject
@@ -126,6 +127,7 @@ class MgmtdCore:
         self._wake = asyncio.Event()
         #: set by release(): no lease pass may re-take the lease while the process stops
         self._stopping = False
+        self._lease_patience = Patience(log, "mgmtd.lease_failed", clock=clock.monotonic)
 
     @property
     def node_id(self) -> str:
@@ -174,7 +176,9 @@ class MgmtdCore:
             d: LeaseDecision | None = await self.kv.arun(txn, timeout_s=max(lc.renew_s, 1.0))
         except FireFlyerError as e:
             d = None
-            self.log.warning("mgmtd.lease_failed", error=str(e), kind=e.kind)
+            self._lease_patience.failed(e, kind=e.kind)  # (two replicas contend at start-up: INFO at first)
+        else:
+            self._lease_patience.ok()
         if d is not None:
             self.seen = d.record
             if d.action is LeaseAction.FOLLOW:
@@ -209,7 +213,9 @@ class MgmtdCore:
                 t.cancel()
         if self.registry is not None:
             self.registry = None
-            self.log.warning("mgmtd.stepped_down", node=self.node_id, reason=reason)
+            # a clean stop hands the lease on (routine); losing it is worth a look
+            (self.log.info if reason == "stopping" else self.log.warning)(
+                "mgmtd.stepped_down", node=self.node_id, reason=reason)
 
     async def release(self) -> None:
         """On a clean stop: end my lease now so another replica takes over at its next pass."""

@@ -26,6 +26,7 @@ import msgspec
 
 from fireflyer.core.errors import FireFlyerError
 from fireflyer.core.log import get_logger
+from fireflyer.core.patience import Patience
 from fireflyer.mgmt.client import MgmtdClient, RoutingCache
 from fireflyer.mgmt.edits import ChainSpec, TargetSpec
 from fireflyer.mgmt.model import PublicState
@@ -155,14 +156,17 @@ class NodeLoops:
         return True
 
     async def _heartbeat_loop(self) -> None:
+        # before mgmtd has a primary (start-up, a failover) heartbeats fail: INFO, WARNING if it lasts
+        patience = Patience(log, "storage.heartbeat_failed")
         while True:
             started_mono = time.monotonic()
             try:
                 hb = await asyncio.to_thread(self.node.heartbeat)
                 ack = await self.client.heartbeat(hb)
             except FireFlyerError as e:
-                log.warning("storage.heartbeat_failed", error=str(e))
+                patience.failed(e)
             else:
+                patience.ok()
                 self.heartbeats += 1
                 self.node.last_heartbeat_ok = started_mono
                 if ack.fail_interval_s > 0:
@@ -268,6 +272,7 @@ class NodeLoops:
     # -- local cluster bootstrap ----------------------------------------------------------
 
     async def _init_chains(self, spec: InitChains) -> None:
+        patience = Patience(log, "storage.init_chains_failed")  # mgmtd may still be electing a primary
         while True:
             routing = self.cache.routing
             if routing is not None:
@@ -288,7 +293,7 @@ class NodeLoops:
                         await self.cache.refresh()
                         return
                     except FireFlyerError as e:
-                        log.warning("storage.init_chains_failed", error=str(e))
+                        patience.failed(e)
             await asyncio.sleep(0.5)
             with contextlib.suppress(FireFlyerError):
                 await self.cache.refresh()

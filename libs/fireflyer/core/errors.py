@@ -56,6 +56,8 @@ class FireFlyerError(Exception):
     code: ClassVar[str] = "UNKNOWN"
     #: register this class as the default for its code when decoding unknown kinds
     default_for_code: ClassVar[bool] = False
+    #: an answer of normal life, not a fault (a redirect to the primary): servers log it at DEBUG
+    routine: ClassVar[bool] = False
 
     def __init__(self, message: str = "", **fields: Any) -> None:
         super().__init__(message)

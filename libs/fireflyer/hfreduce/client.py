@@ -24,6 +24,12 @@ communicator is dead: build a new one with ``init()``.
 
 Order: a rank's ops complete in submission order.
 
+Closing.  ``comm.close()`` leaves the communicator.  One never closed (a torch script that
+skips ``destroy_process_group``) says the same goodbye at interpreter exit, or when it is
+garbage collected, within ``GOODBYE_S``, so its worker retires it quietly; not from a forked
+child (the socket is the parent's), and not when the interpreter ends on an uncaught
+exception, which the worker reports as the rank's failure (``hfreduce.comm_failed``).
+
 Records.  ``comm.status()`` shows the worker's records of recent and pending ops (phases,
 arrivals, per-tree and per-peer times).  A communicator made with ``init(op_records=True)``
 also gets each op's record in its reply, as ``Work.record`` (otherwise None): that costs a
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import os
 import socket as _socket
+import sys
 import threading
 import time
 import weakref
@@ -69,6 +76,7 @@ from .protocol import (
     Submit,
     Unregister,
     Welcome,
+    encode,
 )
 from .shm import Segment
 from .telemetry import OpRecord
@@ -77,6 +85,8 @@ __all__ = ["init", "Communicator", "Work", "CommStatus", "GRACE_S", "torch_to_nu
 
 #: how long after an op's deadline a rank gives up on a worker that says nothing
 GRACE_S = 1.5
+#: the most a goodbye at interpreter exit (or on garbage collection) may take: exit never hangs on it
+GOODBYE_S = 2.0
 #: a waiter re-checks deadlines (and whether it may read) at least this often
 _STEP_S = 0.05
 #: a waiter whose replies another thread is reading looks again this often
@@ -247,6 +257,10 @@ class Communicator:
         self.timeout_s = reply.timeout_s
         self.chunk_bytes = reply.chunk_bytes
         self.worker_pid = reply.worker_pid
+        # a rank that exits (or drops its last reference) without close() still says goodbye, so
+        # its worker retires the communicator quietly instead of reporting a dead rank; holds no
+        # reference to self (weakref.finalize also runs its callback at interpreter exit)
+        self._goodbye = weakref.finalize(self, _goodbye, self._chan, os.getpid())
 
     # -- public API -------------------------------------------------------------------------------
 
@@ -298,6 +312,7 @@ class Communicator:
             if self._closed:
                 return
             self._closed = True
+        self._goodbye.detach()
         try:
             self._chan.send(Bye())
         except OSError:
@@ -548,6 +563,32 @@ class Communicator:
             self._pending.clear()
         for w in works:
             w._resolve(None, err)
+
+
+def _exiting_from_uncaught_exception() -> bool:
+    """True once the interpreter printed an uncaught exception's traceback (it sets sys.last_value)."""
+    return getattr(sys, "last_value", None) is not None and not isinstance(sys.last_value, SystemExit)
+
+
+def _goodbye(chan: Channel, pid: int) -> None:
+    """Say ``Bye`` to the worker and close: a communicator's end without ``close()``.
+
+    Runs at interpreter exit and when the communicator is garbage collected.  Bounded by
+    ``GOODBYE_S`` (a worker that does not read must not hang the exit).  Skipped in a forked
+    child (the socket is the parent's) and when the interpreter is exiting from an uncaught
+    exception: that rank did fail, and its worker reports it as the failure it is.
+    """
+    if os.getpid() != pid or chan.closed:
+        return
+    if not _exiting_from_uncaught_exception() and chan._send_lock.acquire(timeout=GOODBYE_S):
+        try:
+            chan.sock.settimeout(GOODBYE_S)
+            chan.sock.sendall(encode(Bye()))
+        except OSError:
+            pass
+        finally:
+            chan._send_lock.release()
+    chan.close()
 
 
 def _chain(a: Callable[[], None] | None, b: Callable[[], None]) -> Callable[[], None]:

@@ -181,7 +181,10 @@ class NodeComm:
             self.fail(PeerLost(f"{conn.label()} of node {self.node_rank} {what}; communicator {self.key!r} "
                                f"op #{seq} cannot complete", node=self.node_rank, peer=f"rank {self.global_rank.get(lr)}",
                                phase="waiting_ranks", seq=seq, comm=self.key))
+        if not died:
+            log.debug("hfreduce.rank_closed", comm=self.key, generation=self.generation, rank=conn.label())
         if all_left and not died and not pending:
+            log.info("hfreduce.comm_closed", comm=self.key, generation=self.generation, node=self.node_rank)
             with self.cond:
                 self.closing = True  # the op thread says goodbye to the other nodes, then stops
                 self.cond.notify_all()

@@ -27,6 +27,9 @@ publisher.  None of them runs an asyncio loop on the data path (DESIGN.md §1).
 
 A rank that dies fails its communicator on every rank of the job but never the worker:
 the worker drops that rank's shared-memory mappings and serves the next communicator.
+A rank that says goodbye (``comm.close()``, or the client's goodbye at interpreter exit)
+leaves quietly: ``hfreduce.comm_failed`` (a warning) is kept for real failures.  Logs go
+to stderr: warnings and errors only, unless ``FF_LOG_LEVEL`` (and ``FF_LOG_FORMAT``) is set.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from typing import Any
 
 from fireflyer.cluster.procs import free_ports
 from fireflyer.core.errors import FireFlyerError, InvalidArgument, ProtocolError
-from fireflyer.core.log import get_logger
+from fireflyer.core.log import configure_logging, get_logger
 
 from . import _blocks, kernels
 from .errors import HFReduceError
@@ -452,6 +455,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--restart-count", type=int, default=None, help="job restart count (default FF_RESTART_COUNT)")
     p.add_argument("--coord-timeout-s", type=float, default=60.0, help="how long to wait for the other nodes")
     ns = p.parse_args(argv)
+    if os.environ.get("FF_LOG_LEVEL"):  # otherwise only warnings and errors reach stderr (logging's default)
+        configure_logging(level=os.environ["FF_LOG_LEVEL"], fmt="json" if os.environ.get("FF_LOG_FORMAT") == "json"
+                          else "text", service="hfreduce-worker",
+                          instance=None if ns.node_rank is None else str(ns.node_rank))
     try:
         settings = load_worker_settings(overrides={"chunk_size": ns.chunk_size, "timeout_s": ns.timeout_s,
                                                    "token": ns.token, "job_id": ns.job_id, "threads": ns.threads})

@@ -40,6 +40,7 @@ from fireflyer.bus.events import Event
 from fireflyer.core.config import RpcSettings
 from fireflyer.core.errors import DeadlineExceeded, FireFlyerError, InvalidArgument, Unavailable
 from fireflyer.core.log import get_logger
+from fireflyer.core.patience import Patience
 from fireflyer.rpc import connect
 
 from . import convert
@@ -336,6 +337,8 @@ class RoutingCache:
         return self.routing
 
     async def _loop(self) -> None:
+        # mgmtd may come up after us, or fail over: a pull failing for a while is normal life
+        patience = Patience(log, "mgmtd.routing_cache.pull_failed")
         while True:
             # (asyncio.timeout, not wait_for: on 3.11 a cancel that lands as the kick wakes the
             # wait could leave wait_for, and with it stop(), waiting forever -- a storage node
@@ -347,7 +350,9 @@ class RoutingCache:
             try:
                 await self.refresh()
             except FireFlyerError as e:
-                log.warning("mgmtd.routing_cache.pull_failed", error=str(e))
+                patience.failed(e)
+            else:
+                patience.ok()
 
 
 class HeartbeatSender:
@@ -356,7 +361,8 @@ class HeartbeatSender:
     ``make_heartbeat`` is called each time, so a storage node reports its targets' current
     local states.  A failed send is logged and retried at the next tick; ``failures``
     counts consecutive ones (3FS: a service that cannot reach mgmtd for half the fail
-    interval should stop serving; the caller decides, reading ``failures``).
+    interval should stop serving; the caller decides, reading ``failures``).  Failures are
+    INFO while the cluster forms or fails over, WARNING once they last (:class:`Patience`).
     """
 
     def __init__(self, client: MgmtdClient, make_heartbeat: Callable[[], Heartbeat], *,
@@ -389,11 +395,14 @@ class HeartbeatSender:
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
+        patience = Patience(log, "mgmtd.heartbeat_failed")
         while True:
             started = loop.time()
             try:
                 await self.send_once()
             except FireFlyerError as e:
                 self.failures += 1
-                log.warning("mgmtd.heartbeat_failed", error=str(e), failures=self.failures)
+                patience.failed(e)
+            else:
+                patience.ok()
             await asyncio.sleep(max(0.0, self.interval_s - (loop.time() - started)))

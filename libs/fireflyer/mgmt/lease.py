@@ -32,7 +32,7 @@ these rules give mutual exclusion of *acting* in time.
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -115,8 +115,11 @@ class NotPrimary(FailedPrecondition):
     """A write reached a mgmtd replica that is not the primary; retry at ``primary_address``.
 
     Fields: ``node`` (this replica), ``primary`` and ``primary_address`` (empty when no one
-    holds a live lease, e.g. during a takeover), ``term``.
+    holds a live lease, e.g. during a takeover), ``term``.  Routine: clients follow it, so a
+    server logs the call at DEBUG.
     """
+
+    routine: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -168,7 +168,8 @@ def _read_metadata(context: grpc.aio.ServicerContext) -> tuple[str, dict[str, st
 class _Call:
     """One call on the server: the span it runs in, the caller, and how it ended."""
 
-    __slots__ = ("m", "context", "started", "span", "_otel_token", "_header", "principal", "_bound", "code")
+    __slots__ = ("m", "context", "started", "span", "_otel_token", "_header", "principal", "_bound", "code",
+                 "routine")
 
     def __init__(self, m: _Method, context: grpc.aio.ServicerContext) -> None:
         self.m = m
@@ -177,6 +178,8 @@ class _Call:
         self.principal: auth.Principal | None = None
         self._bound: Any = None
         self.code = grpc.StatusCode.OK
+        #: the handler answered with an error of normal life (FireFlyerError.routine: NotPrimary)
+        self.routine = False
         header, carrier = _read_metadata(context)
         # no trace headers: a root span (the sampler decides whether it records); never the
         # ambient context, which belongs to whatever grpc task happens to run the handler
@@ -201,6 +204,7 @@ class _Call:
             log.error("rpc.unexpected_error", method=self.m.name, exc_info=exc,
                       user=self.principal.user if self.principal else None)
         self.code = status_for_error(err)
+        self.routine = err.routine
         if self.span.is_recording():
             self.span.record_exception(exc)
         await self.context.abort(self.code, err.message or err.kind, trailing_metadata=error_trailers(err))
@@ -229,9 +233,10 @@ class _Call:
     def _log(self) -> None:
         # Successful calls log at DEBUG: at thousands of calls per second an INFO line each
         # was a measurable share of a server's CPU and drowns the lines that matter.  Failed
-        # and slow calls stay at INFO (health probes, which arrive every second, at DEBUG).
+        # and slow calls stay at INFO (health probes, which arrive every second, and routine
+        # answers such as a NotPrimary redirect, at DEBUG).
         ms = (time.perf_counter() - self.started) * 1000
-        quiet = self.m.public or (self.code is grpc.StatusCode.OK and ms < SLOW_CALL_S * 1000)
+        quiet = self.m.public or ((self.code is grpc.StatusCode.OK or self.routine) and ms < SLOW_CALL_S * 1000)
         level = logging.DEBUG if quiet else logging.INFO
         if log.is_enabled(level):
             (log.debug if quiet else log.info)(

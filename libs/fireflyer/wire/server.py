@@ -33,7 +33,9 @@ stream); clients that want parallel handling open several connections.
 
 A bad frame (bad magic or version, a size over the limits, an undecodable header, a frame type a
 client must not send, a peer that closes or stalls inside a frame) closes *that* connection with
-a ``wire.frame_rejected`` warning naming the reason and the peer; other connections go on.
+a ``wire.frame_rejected`` warning naming the reason and the peer; other connections go on.  A
+client that goes away (a clean close between frames, or a reset: ``Connection reset by peer``)
+is routine: ``wire.conn_closed`` / ``wire.conn_lost`` at DEBUG.
 """
 
 from __future__ import annotations
@@ -163,6 +165,17 @@ class ServerRequest:
                 fs.send_frame_parts(header, view)
 
 
+#: the reasons of an ``Unavailable`` from :class:`FramedSocket` that mean the peer went away
+LOST_REASONS = frozenset({"recv_failed", "send_failed", "closed"})
+
+
+def connection_lost(err: FireFlyerError) -> bool:
+    """Whether ``err`` is the connection going away (ECONNRESET, EPIPE, a socket closed under
+    us), not a frame the peer got wrong: the first is routine (DEBUG), the second a warning."""
+    return isinstance(err, PeerClosed) or (isinstance(err, Unavailable) and not isinstance(err, ProtocolError)
+                                           and err.fields.get("reason") in LOST_REASONS)
+
+
 class _ServerConn:
     """The thread serving one client connection."""
 
@@ -192,6 +205,8 @@ class _ServerConn:
         except FireFlyerError as e:
             if self.server._stopping:
                 log.debug("wire.conn_stopped", peer=fs.peer, error=str(e))  # stop() shut it under us
+            elif connection_lost(e):  # the client went away (reset, killed): routine, nothing to answer
+                log.debug("wire.conn_lost", peer=fs.peer, reason=e.fields.get("reason"), error=str(e))
             else:
                 self._reject(e)
         except Exception:  # a bug here must not take the server down, only this connection

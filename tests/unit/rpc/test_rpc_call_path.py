@@ -63,6 +63,21 @@ async def test_success_logs_at_debug_and_failure_at_info(server: RpcServer, dial
         (logging.DEBUG, ECHO_METHOD, "OK", "root")]
 
 
+async def test_a_routine_error_logs_at_debug(server: RpcServer, dial, admin_token: str,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    # a NotPrimary redirect is normal life (clients follow it); another failed precondition is not
+    from fireflyer.mgmt.lease import NotPrimary
+
+    stub = echo_pb2_grpc.EchoServiceStub(dial(server.address, token=admin_token))
+    with caplog.at_level(logging.DEBUG, logger="fireflyer.rpc"):
+        with pytest.raises(NotPrimary):
+            await stub.Fail(echo_pb2.FailRequest(kind="NotPrimary", message="mgmtd m1 is not the primary"))
+        with pytest.raises(ff.FailedPrecondition):
+            await stub.Fail(echo_pb2.FailRequest(kind="FailedPrecondition", message="not yet"))
+    assert [(lvl, f["code"]) for lvl, f in _call_logs(caplog)] == [
+        (logging.DEBUG, "FAILED_PRECONDITION"), (logging.INFO, "FAILED_PRECONDITION")]
+
+
 async def test_slow_success_is_logged_at_info(server: RpcServer, dial, admin_token: str,
                                               caplog: pytest.LogCaptureFixture,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
