@@ -73,14 +73,15 @@ def main() -> int:
                 if rank == 0:
                     print(f"step {step}: loss {loss.item():.4f}, checkpoint {rec.id} ({rec.nbytes} bytes)",
                           flush=True)
-    # the same parameters on every rank, bit for bit: allreduce the max and min of a checksum
-    total = torch.tensor([float(sum(p.double().sum() for p in model.parameters()))], dtype=torch.float64)
-    hi, lo = total.clone(), total.clone()
+    # the same parameters on every rank, bit for bit: elementwise max and min of them all agree
+    flat = torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+    hi, lo = flat.clone(), flat.clone()
     comm.allreduce(hi, op="max")
     comm.allreduce(lo, op="min")
     comm.close()
-    if hi.item() != lo.item():
-        print(f"rank {rank}: parameters differ between ranks ({lo.item()} .. {hi.item()})", flush=True)
+    if not torch.equal(hi, lo):
+        n = int((hi != lo).sum())
+        print(f"rank {rank}: parameters differ between ranks ({n} of {flat.numel()} values)", flush=True)
         return 1
     if rank == 0:
         print(f"done: {world} ranks at step {args.steps}, loss {loss.item():.4f}, parameters identical", flush=True)
