@@ -24,18 +24,18 @@ __all__ = ["main", "build_parser"]
 
 #: ``ff bench <what>`` -> module with ``main(argv) -> int``; later issues add entries
 BENCHES: dict[str, str] = {
-    "wire": "fireflyer.wire.bench",
-    "kernels": "fireflyer.hfreduce.bench_kernels",
-    "campaign": "fireflyer.hfreduce.bench_campaign",
-    "flows": "fireflyer.hfreduce.bench_flows",
-    "ringref": "fireflyer.hfreduce.bench_ringref",
-    "allreduce": "fireflyer.hfreduce.bench_allreduce",
-    "meta": "fireflyer.fs.bench_meta",
-    "coord": "fireflyer.coord.bench",
-    "fs": "fireflyer.fs.bench_fs",
-    "fs-small": "fireflyer.fs.bench_fs_small",
-    "incast": "fireflyer.fs.bench_incast",
-    "ckpt": "fireflyer.ckpt.bench_ckpt",
+    "wire": "fireflyer.bench.wire",
+    "kernels": "fireflyer.bench.kernels",
+    "campaign": "fireflyer.bench.campaign",
+    "flows": "fireflyer.bench.flows",
+    "ringref": "fireflyer.bench.ringref",
+    "allreduce": "fireflyer.bench.allreduce",
+    "meta": "fireflyer.bench.meta",
+    "coord": "fireflyer.bench.coord",
+    "fs": "fireflyer.bench.fs",
+    "fs-small": "fireflyer.bench.fs_small",
+    "incast": "fireflyer.bench.incast",
+    "ckpt": "fireflyer.bench.ckpt",
 }
 
 #: modules that add subcommands; imported lazily so ``ff --help`` stays fast

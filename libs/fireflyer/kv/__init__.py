@@ -25,7 +25,6 @@ from .api import (
     aopen_kv,
     open_kv,
 )
-from .bench import bench_kv
 from .errors import (
     CommitUnknown,
     Conflict,
@@ -45,7 +44,6 @@ __all__ = [
     "KVStats",
     "open_kv",
     "aopen_kv",
-    "bench_kv",
     "MAX_KEY_SIZE",
     "MAX_VALUE_SIZE",
     "MAX_TXN_BYTES",

@@ -114,7 +114,7 @@ def test_killed_node_is_named_by_every_survivor() -> None:
 
 
 def test_bench_engine_reports_bound_and_fraction() -> None:
-    from fireflyer.hfreduce.bench_engine import bench_engine
+    from fireflyer.bench._engine import bench_engine
 
     res = bench_engine(2, 4 << 20, 3, chunk_bytes=1 << 20)
     assert res["nodes"] == 2 and res["algbw_GBps"] > 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fireflyer.coord.bench import bench_state_machine
+from fireflyer.bench.coord import bench_state_machine
 from fireflyer.coord.model import JoinSpec
 from fireflyer.coord.rendezvous import Rendezvous
 from fireflyer.kv import open_kv

@@ -23,8 +23,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from fireflyer.bench import kernels as bench_kernels
 from fireflyer.core.errors import InvalidArgument
-from fireflyer.hfreduce import bench_kernels, kernels
+from fireflyer.hfreduce import kernels
 from fireflyer.hfreduce.kernels import (
     OPS,
     SUPPORTED_DTYPES,

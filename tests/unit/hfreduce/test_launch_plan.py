@@ -6,9 +6,9 @@ import socket
 
 import pytest
 
+from fireflyer.bench._rank import iterations, probe_ops
+from fireflyer.bench.allreduce import busbw
 from fireflyer.core.errors import InvalidArgument
-from fireflyer.hfreduce._bench_rank import iterations, probe_ops
-from fireflyer.hfreduce.bench_allreduce import busbw
 from fireflyer.hfreduce.launch import exit_code_of
 from fireflyer.hfreduce.launch_plan import (
     WORKER_MODULE,
@@ -132,7 +132,7 @@ def test_node_cpus_split_the_allowed_cpus_and_bind_nothing_when_nodes_outnumber_
 
 
 def test_bench_reports_the_placement_it_really_had() -> None:
-    from fireflyer.hfreduce.bench_allreduce import placement
+    from fireflyer.bench.allreduce import placement
 
     assert placement(2, "node", [0, 1]) == "node"
     assert placement(4, "node", [0, 1]) == "none"  # more nodes than CPUs: nothing was bound
@@ -168,7 +168,7 @@ def test_exit_codes_and_bench_arithmetic() -> None:
 
 
 def test_bench_table_formats_missing_anchors_as_dashes() -> None:
-    from fireflyer.hfreduce.bench_allreduce import markdown_table, table_rows
+    from fireflyer.bench.allreduce import markdown_table, table_rows
 
     entry = {"size_bytes": 64 << 20, "time_s": 0.05, "algbw_GBps": 1.342, "busbw_GBps": 2.348,
              "gloo_time_s": 0.2, "gloo_algbw_GBps": 0.3355, "ratio": 4.0, "bound_GBps": 1.5,
