@@ -91,6 +91,7 @@ from fireflyer.wire.conn import congestion_of, set_congestion
 
 from ._floor import Floor, SocketBuffers, loopback_pair, measure_floor
 from ._goals import goals, missed
+from ._jsonout import add_json_option, emit
 from ._runs import fmt_size, spread_lines, summarize_runs
 from .flows import measure_flows, pattern_flows
 from .ringref import measure_ring_ops
@@ -502,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="4,1M,16M,64M", help="comma list, K/M/G suffixes (default 4,1M,16M,64M)")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--vs", choices=["gloo"], default=None, help="also run torch.distributed with this backend")
-    p.add_argument("--json", metavar="PATH", default=None, help="write the JSON object here ('-': stdout)")
+    add_json_option(p)
     p.add_argument("--target-s", type=float, default=0.5, help="timed seconds per size and side (default 0.5)")
     p.add_argument("--chunk-size", default=None, help="HFReduce pipeline chunk (default: the worker's)")
     p.add_argument("--timeout-s", type=float, default=60.0, help="collective deadline of the workers (default 60)")
@@ -536,18 +537,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"goals ({what}): " + "; ".join(f"{g['goal']} {g['value']:.2f} (>= {g['target']:g}) "
                                              f"{'met' if g['met'] else 'MISSED'}" for g in result["goals"])
               + f"; missed: {', '.join(missed(result['goals'])) or 'none'}", file=sys.stderr)
-    if ns.json == "-":
-        print(json.dumps(result))
-        return 0
+    return emit(ns.json, result, lambda: _print_result(ns, result))
+
+
+def _print_result(ns: argparse.Namespace, result: dict[str, Any]) -> None:
     if ns.markdown:
         print(markdown_table(result))
     else:
         _print_table(result)
     if ns.runs > 1:
         print("\n".join(spread_lines(result)))
-    if ns.json:
-        Path(ns.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from fireflyer.core.errors import FireFlyerError, InvalidArgument
 from fireflyer.core.sizes import parse_size
 
 from ._goals import GOALS
+from ._jsonout import add_json_option, emit
 from ._runs import fmt_size, summarize_runs
 
 __all__ = ["DEFAULT_SHAPES", "parse_shapes", "fold_goals", "campaign_result", "run_campaign", "goal_lines", "main"]
@@ -264,7 +265,7 @@ def main(argv: Sequence[str] | None = None, *, kernels: KernelsRun = _real_kerne
     p.add_argument("--kernel-size", default="64M", help="bytes per buffer of ff bench kernels (default 64M)")
     p.add_argument("--no-kernels", action="store_true", help="skip ff bench kernels")
     p.add_argument("--out", metavar="DIR", default=None, help="keep every run's JSON in this directory")
-    p.add_argument("--json", metavar="PATH", default=None, help="write the campaign's JSON here ('-': stdout)")
+    add_json_option(p, "the campaign")
     ns = p.parse_args(argv)
     try:
         shapes = parse_shapes(ns.shapes)
@@ -278,13 +279,7 @@ def main(argv: Sequence[str] | None = None, *, kernels: KernelsRun = _real_kerne
         if ns.out:
             print(f"ff bench campaign: the runs that finished are in {ns.out}", file=sys.stderr)
         return 1
-    if ns.json == "-":
-        print(json.dumps(result))
-        return 0
-    print("\n".join(goal_lines(result)))
-    if ns.json:
-        Path(ns.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return emit(ns.json, result, lambda: print("\n".join(goal_lines(result))))
 
 
 if __name__ == "__main__":

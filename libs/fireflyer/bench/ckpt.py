@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from fireflyer.bench._jsonout import add_json_option, emit
 from fireflyer.bench.wire import _git_sha
 from fireflyer.core.sizes import parse_size, size_arg
 
@@ -234,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--chunk", type=size_arg, default=parse_size("64M"),
                    help="3FS chunk size of the checkpoint files (default 64M, as services/checkpoint sets)")
     p.add_argument("--dir", default=None, help="where the state dir and anchor files go (default: the temp dir)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_option(p)
     ns = p.parse_args(argv)
     if ns.saves < 2:
         p.error("--saves must be >= 2")
@@ -243,5 +244,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run_ckpt(size=ns.size, fs_kind=ns.fs_kind, saves=ns.saves, tensors=ns.tensors, servers=ns.servers,
                       replicas=ns.replicas, io_threads=ns.io_threads, workdir=ns.dir, chunk_bytes=ns.chunk,
                       progress=_progress)
-    print(json.dumps(result) if ns.json else json.dumps(result, indent=2))
-    return 0
+    return emit(ns.json, result, lambda: print(json.dumps(result, indent=2)))

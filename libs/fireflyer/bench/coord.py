@@ -29,6 +29,7 @@ import tempfile
 import time
 from typing import Any
 
+from fireflyer.bench._jsonout import add_json_option, emit
 from fireflyer.coord.layout import tree_views
 from fireflyer.coord.model import JoinSpec
 from fireflyer.coord.rendezvous import Rendezvous
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--zones", type=int, default=2)
     p.add_argument("--grpc-nodes", type=int, default=None, help="joins over gRPC (default --nodes; 0 skips)")
     p.add_argument("--channels", type=int, default=8)
-    p.add_argument("--json", action="store_true")
+    add_json_option(p)
     ns = p.parse_args(argv)
     n = ns.nodes
     sm = bench_state_machine(n, ns.zones)
@@ -149,11 +150,7 @@ def main(argv: list[str] | None = None) -> int:
            "depth_bound": (n - 1).bit_length(), "cross_zone_pairs": sm["cross_zone_pairs"],
            "cross_zone_pairs_ok": sm["cross_zone_pairs"] == max(ns.zones - 1, 0) or ns.zones < 2,
            "state_machine": sm, "grpc": grpc_res, "git_sha": _git_sha(), "cpu_count": os.cpu_count()}
-    if ns.json:
-        print(json.dumps(out))
-    else:
-        print(json.dumps(out, indent=2))
-    return 0
+    return emit(ns.json, out, lambda: print(json.dumps(out, indent=2)))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ the table gives each pattern's median and range, and its median against the firs
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import socket
@@ -46,6 +45,7 @@ from fireflyer.hfreduce.settings import load_worker_settings
 from fireflyer.hfreduce.trees import double_binary_tree
 
 from ._floor import SocketBuffers, loopback_pair
+from ._jsonout import STDOUT, add_json_option, emit
 from ._node_procs import collect, reap, spawn
 
 __all__ = ["PATTERNS", "pattern_flows", "measure_flows", "links_setup", "main"]
@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--piece", default="512K", help="bytes per sendall / recv_into (default 512K, the block)")
     p.add_argument("--seconds", type=float, default=2.0, help="sending time per measurement (default 2)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    p.add_argument("--json", action="store_true", help="print only the JSON object")
+    add_json_option(p)
     ns = p.parse_args(argv)
     try:
         patterns = [x.strip() for x in ns.patterns.split(",")]
@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rates: dict[str, list[float]] = {x: [] for x in patterns}
         for r in range(ns.rounds):
             for x in patterns:
-                if not ns.json:
+                if ns.json != STDOUT:
                     print(f"ff bench flows: round {r + 1} of {ns.rounds}: {x} ({len(flows[x])} flows)",
                           file=sys.stderr, flush=True)
                 rates[x].append(measure_flows(flows[x], ns.nodes, buf_bytes=buf, piece=piece, seconds=ns.seconds,
@@ -188,16 +188,16 @@ def main(argv: Sequence[str] | None = None) -> int:
               "socket_buffers": {"buf_bytes": bufs[0], "send_buf_bytes": bufs[1]},
               "patterns": [{"pattern": x, "flows": len(flows[x]), "GBps": rates[x], "median_GBps": med[x],
                             "vs_first": med[x] / med[patterns[0]]} for x in patterns]}
-    if ns.json:
-        print(json.dumps(result))
-        return 0
+    return emit(ns.json, result, lambda: _print_flows(ns, result, patterns))
+
+
+def _print_flows(ns: argparse.Namespace, result: dict[str, Any], patterns: list[str]) -> None:
     print(f"loopback flows among {ns.nodes} node processes, {ns.buffer} buffers, {ns.piece} pieces, "
           f"{ns.rounds} interleaved rounds of {ns.seconds:g} s")
     for e in result["patterns"]:
         runs = ", ".join(f"{v:.2f}" for v in e["GBps"])
         print(f"  {e['pattern']:>6}: {e['flows']:3d} flows, median {e['median_GBps']:.2f} GB/s ({runs}), "
               f"{e['vs_first']:.2f}x {patterns[0]}")
-    return 0
 
 
 if __name__ == "__main__":

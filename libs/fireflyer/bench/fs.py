@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from fireflyer.bench._jsonout import add_json_option, emit
 from fireflyer.bench.wire import _git_sha, _RawPair
 from fireflyer.core.sizes import parse_size, size_arg
 
@@ -403,9 +404,8 @@ def _progress(s: str) -> None:
     print(f"# {s}", file=sys.stderr, flush=True)
 
 
-def _emit(result: dict[str, Any], as_json: bool) -> int:
-    print(json.dumps(result) if as_json else json.dumps(result, indent=2))
-    return 0
+def _emit(result: dict[str, Any], target: str | None) -> int:
+    return emit(target, result, lambda: print(json.dumps(result, indent=2)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -417,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--targets", type=int, default=2, help="storage targets per node (default 2)")
     p.add_argument("--no-fsync", dest="fsync", action="store_false", help="storage does not fsync chunk writes")
     p.add_argument("--dir", default=None, help="where the state dir and raw file go (default: the temp dir)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_option(p)
     ns = p.parse_args(argv)
     if 3 * ns.targets % max(ns.replicas) or max(ns.replicas) > 3:
         p.error("every replica count must divide 3 x --targets and be <= 3")
@@ -433,7 +433,7 @@ def main_small(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--reads", type=int, default=4096, help="reads per batch size")
     p.add_argument("--replicas", type=int, choices=(1, 3), default=3)
     p.add_argument("--dir", default=None)
-    p.add_argument("--json", action="store_true")
+    add_json_option(p)
     ns = p.parse_args(argv)
     if ns.file_size < ns.io:
         p.error("--file-size must be >= --io")
@@ -449,7 +449,7 @@ def main_incast(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=40, help="batches per round")
     p.add_argument("--rounds", type=int, default=3, help="rounds each way, alternating")
     p.add_argument("--dir", default=None)
-    p.add_argument("--json", action="store_true")
+    add_json_option(p)
     ns = p.parse_args(argv)
     if ns.servers < 1 or ns.batch < 1 or ns.batches < 1 or ns.rounds < 1:
         p.error("--servers, --batch, --batches and --rounds must be >= 1")

@@ -42,6 +42,7 @@ import numpy as np
 
 from fireflyer.bench import _read_floor as read_floor
 from fireflyer.bench._goals import missed
+from fireflyer.bench._jsonout import STDOUT, add_json_option, emit
 from fireflyer.core.sizes import parse_size, size_arg
 from fireflyer.hfreduce import kernels
 
@@ -221,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--k", default="2,8,16", help="comma-separated input counts (1..16)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: usable CPUs)")
-    p.add_argument("--json", action="store_true", help="print only the JSON object")
+    add_json_option(p)
     ns = p.parse_args(argv)
     ks = [int(x) for x in ns.k.split(",") if x]
     if any(not 1 <= k <= kernels.MAX_INPUTS for k in ks):
@@ -230,12 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for d in dtypes:
         kernels.dtype_from_name(d)
     report = run_bench(ns.size, dtypes=dtypes, ks=ks, repeats=max(1, ns.repeats), threads=ns.threads)
-    if ns.json:
-        print(json.dumps(report))
-    else:
-        print(json.dumps(report, indent=2))
+    if ns.json != STDOUT:
         print(f"goals missed: {', '.join(missed(report['goals'])) or 'none'}", file=sys.stderr)
-    return 0
+    return emit(ns.json, report, lambda: print(json.dumps(report, indent=2)))
 
 
 if __name__ == "__main__":

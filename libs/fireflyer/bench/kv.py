@@ -1,4 +1,6 @@
-"""Micro-benchmark: small read-modify-write transactions per second from N threads.
+"""``ff bench kv``: small read-modify-write transactions per second from N threads.
+
+    ff bench kv --url sqlite:////tmp/kv.db --clients 8 --ops 2000 --json
 
 ``bench_kv(url, clients=8, ops=2000)`` runs ``ops`` transactions spread over
 ``clients`` threads; each reads and rewrites its own client's counter key and
@@ -9,15 +11,20 @@ dict (print it as JSON); quote ratios between backends, not absolute numbers.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
+from fireflyer.bench._jsonout import add_json_option, emit
 from fireflyer.kv.api import Txn, open_kv
 from fireflyer.kv.keys import pack
 
-__all__ = ["bench_kv"]
+__all__ = ["bench_kv", "main"]
 
 
 def bench_kv(url: str, clients: int = 8, ops: int = 2000, **options: Any) -> dict[str, Any]:
@@ -68,3 +75,24 @@ def bench_kv(url: str, clients: int = 8, ops: int = 2000, **options: Any) -> dic
         }
     finally:
         kv.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="ff bench kv", description=(__doc__ or "").split("\n", 1)[0])
+    p.add_argument("--url", default=None, help="KV to measure (default: a fresh SQLite file in the temp dir)")
+    p.add_argument("--clients", type=int, default=8, help="client threads (default 8)")
+    p.add_argument("--ops", type=int, default=2000, help="transactions in all (default 2000)")
+    add_json_option(p)
+    ns = p.parse_args(argv)
+    if ns.clients < 1 or ns.ops < 1:
+        p.error("--clients and --ops must be >= 1")
+    if ns.url:
+        result = bench_kv(ns.url, clients=ns.clients, ops=ns.ops)
+    else:
+        with tempfile.TemporaryDirectory(prefix="ff-bench-kv-") as d:
+            result = bench_kv(f"sqlite:///{d}/kv.db", clients=ns.clients, ops=ns.ops)
+    return emit(ns.json, result, lambda: print(json.dumps(result, indent=2)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

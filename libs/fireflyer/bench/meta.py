@@ -51,6 +51,8 @@ from typing import Any
 
 import msgspec
 
+from fireflyer.bench._jsonout import add_json_option, emit
+
 __all__ = ["main", "run_bench", "bench_local_fs", "bench_service", "ALL_OPS", "GOAL_CREATES_STATS_PER_S"]
 
 ALL_OPS = ("mkdir", "create", "stat", "rename", "readdir", "unlink")
@@ -456,7 +458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--transport", choices=("auto", "grpc", "both"), default="auto",
                    help="how the clients call meta: auto (its wire endpoint, as MetaClient does by default), "
                         "grpc, or both (auto, then gRPC in the same run for comparison)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_option(p)
     ns = p.parse_args(argv)
     ops = [o.strip() for o in ns.ops.split(",") if o.strip()]
     unknown = set(ops) - set(ALL_OPS)
@@ -468,9 +470,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run_bench(clients=ns.clients, ops=ops, count=ns.count, pg_dsn=dsn, replicas=ns.replicas,
                        client_procs=ns.client_procs, direct=ns.direct, transport=ns.transport,
                        progress=lambda s: print(f"# {s}", file=sys.stderr))
-    if ns.json:
-        print(msgspec.json.encode(result).decode())
-        return 0
+    return emit(ns.json, msgspec.to_builtins(result), lambda: _print_meta(ns, ops, result))
+
+
+def _print_meta(ns: argparse.Namespace, ops: list[str], result: dict[str, Any]) -> None:
     anchor = result["anchor"]["ops_per_s"]
     print(f"meta bench: {ns.clients} clients x {ns.count} ops, cpu {result['cpu_count']}, git {str(result['git_sha'])[:10]}")
     print(f"{'op':<10}{'local fs':>12}" + "".join(f"{b:>14}{'ratio':>8}" for b in result["backends"]))
@@ -491,4 +494,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, b in result["backends"].items():
         if "error" in b:
             print(f"{name}: {b['error']}")
-    return 0

@@ -30,7 +30,6 @@ tree (``ff bench allreduce``, 4(n-1) flows) is from it.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import socket
 import statistics
@@ -51,6 +50,7 @@ from fireflyer.hfreduce._ring import (
 from fireflyer.wire.conn import set_io_timeout
 
 from ._floor import SocketBuffers, loopback_pair
+from ._jsonout import STDOUT, add_json_option, emit
 from ._node_procs import collect, reap, spawn
 from .flows import links_setup
 
@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--chunk", default="512K", help="bytes per pipelined piece (default 512K, the workers' block)")
     p.add_argument("--ops", type=int, default=5, help="timed ops per round, after one warm-up (default 5)")
     p.add_argument("--rounds", type=int, default=3, help="rounds, each with its own anchor (default 3)")
-    p.add_argument("--json", action="store_true", help="print only the JSON object")
+    add_json_option(p)
     ns = p.parse_args(argv)
     rounds: list[dict[str, Any]] = []
     try:
@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cc, links = links_setup()
         bufs = list(dict.fromkeys([links, (None, None)]))  # the bound's anchor tries both, as ff bench allreduce's
         for r in range(ns.rounds):
-            if not ns.json:
+            if ns.json != STDOUT:
                 print(f"ff bench ringref: round {r + 1} of {ns.rounds}: the loopback anchor, then {ns.ops} ops",
                       file=sys.stderr, flush=True)
             cap = loopback_capacity(ns.nodes, size, congestion=cc, buffers=bufs)
@@ -215,16 +215,16 @@ def main(argv: Sequence[str] | None = None) -> int:
               "congestion": list(cc), "socket_buffers": {"buf_bytes": bufs[0][0], "send_buf_bytes": bufs[0][1]},
               "rounds": rounds,
               **{k: _summary([x[k] for x in rounds]) for k in ("time_s", "bound_GBps", "fraction_of_bound")}}
-    if ns.json:
-        print(json.dumps(result))
-        return 0
+    return emit(ns.json, result, lambda: _print_ringref(ns, result))
+
+
+def _print_ringref(ns: argparse.Namespace, result: dict[str, Any]) -> None:
     t, f = result["time_s"], result["fraction_of_bound"]
     print(f"ring reference allreduce, {ns.nodes} nodes, {ns.size} float32 per node, {ns.chunk} pieces, "
           f"{ns.rounds} rounds of {ns.ops} ops")
     print(f"  op {t['median'] * 1e3:.1f} ms ({t['min'] * 1e3:.1f}-{t['max'] * 1e3:.1f}), "
           f"{100 * f['median']:.0f}% of the loopback bound ({100 * f['min']:.0f}-{100 * f['max']:.0f}%), "
           f"bound {result['bound_GBps']['median']:.3f} GB/s")
-    return 0
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ each comes first.  The JSON reports GB/s (1e9 bytes per second) best and median,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import socket
@@ -35,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fireflyer.bench._jsonout import add_json_option, emit
 from fireflyer.core.sizes import parse_size, size_arg
 from fireflyer.wire.client import Connection
 from fireflyer.wire.conn import CHUNK, tune_socket
@@ -171,17 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds of each side (default 5)")
     parser.add_argument("--buf-bytes", type=size_arg, default=None,
                         help="fixed SO_SNDBUF/SO_RCVBUF for both sides (default: kernel auto-tuning)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_option(parser)
     ns = parser.parse_args(argv)
     result = run_bench(ns.size, repeats=ns.repeats, buf_bytes=ns.buf_bytes)
-    if ns.json:
-        print(json.dumps(result))
-    else:
-        print(f"wire {result['wire_gbps_best']:.2f} GB/s best, {result['wire_gbps_median']:.2f} median;  "
+    return emit(ns.json, result, lambda: print(
+        f"wire {result['wire_gbps_best']:.2f} GB/s best, {result['wire_gbps_median']:.2f} median;  "
               f"raw sockets {result['raw_gbps_best']:.2f} best, {result['raw_gbps_median']:.2f} median;  "
               f"ratio {result['ratio_best']:.2f} best, {result['ratio_median']:.2f} median "
-              f"({ns.size} bytes x {ns.repeats})")
-    return 0
+              f"({ns.size} bytes x {ns.repeats})"))
 
 
 if __name__ == "__main__":
