@@ -47,7 +47,7 @@ from fireflyer.wire.conn import tune_socket
 
 from ._node_procs import collect, reap, spawn
 
-__all__ = ["Floor", "ring_bytes", "combine", "measure_floor", "loopback_pair", "SocketBuffers"]
+__all__ = ["Floor", "ring_bytes", "combine", "measure_floor", "loopback_pair", "loopback_capacity", "SocketBuffers"]
 
 #: (``buf_bytes``, ``send_buf_bytes``) of :func:`fireflyer.wire.conn.tune_socket`: None, None is the
 #: kernel's auto-tuning
@@ -209,3 +209,68 @@ def measure_floor(nodes: int, local_ranks: int, size: int, *, cpu_bind: str = "n
         reap(procs)
     return Floor(net_s=combine(net) if nodes > 1 else 0.0, mem_s=combine(mem),
                  overlap=_overlaps(nodes, cpu_bind, allowed))
+
+
+# -- the loopback anchor (the bound of ff bench allreduce and ringref) -----------------------------------------
+
+def loopback_capacity(pairs: int, size: int, *, target_bytes: float = 5e8, repeats: int = 4,
+                      congestion: Sequence[str] = (),
+                      buffers: Sequence[SocketBuffers] = ((None, None),)) -> float:
+    """Aggregate bytes/s of ``pairs`` concurrent one-way TCP streams over loopback, each ``sendall(size)`` x rounds.
+
+    Pair ``i`` runs from 127.0.0.(i+1) to the next address, like node to node.
+    Every receiver fills a preallocated buffer with ``recv_into``; the clock
+    runs from releasing all senders together to the last byte received.  The
+    best of ``repeats`` trials is kept: it is a ceiling, and on a shared machine
+    a neighbour's burst only ever lowers a trial.  ``congestion``: the links' congestion
+    controls (as the workers': see :func:`fireflyer.bench.allreduce.tcp_congestion`), so the bound stays a ceiling.
+    ``buffers``: socket buffer settings (:data:`SocketBuffers`) the trials take
+    in turn -- the links' and the kernel's auto-tuning -- so that C is the best of either.
+    """
+    n = max(1, repeats)
+    return max(_loopback_trial(pairs, size, target_bytes, congestion, buffers[i % len(buffers)]) for i in range(n))
+
+
+def _loopback_trial(pairs: int, size: int, target_bytes: float, congestion: Sequence[str] = (),
+                    buffers: SocketBuffers = (None, None)) -> float:
+    rounds = max(3, int(target_bytes / (pairs * size)))
+    payload = memoryview(bytearray(os.urandom(min(size, 1 << 20)) * (size // min(size, 1 << 20) + 1))[:size])
+    conns: list[tuple[socket.socket, socket.socket]] = []
+    try:
+        for i in range(pairs):
+            conns.append(loopback_pair(i, i + 1, congestion, buffers))
+        go = threading.Barrier(2 * pairs + 1, timeout=120)
+        done = threading.Barrier(pairs + 1, timeout=120)
+
+        def send(tx: socket.socket) -> None:
+            go.wait()
+            for _ in range(rounds):
+                tx.sendall(payload)
+
+        def recv(rx: socket.socket) -> None:
+            sink = memoryview(bytearray(size))
+            go.wait()
+            for _ in range(rounds):
+                off = 0
+                while off < size:
+                    n = rx.recv_into(sink[off:off + (1 << 20)], 0, socket.MSG_WAITALL)
+                    if not n:
+                        raise ConnectionError("loopback anchor: sender went away")
+                    off += n
+            done.wait()
+
+        threads = [threading.Thread(target=send, args=(tx,), daemon=True) for tx, _ in conns]
+        threads += [threading.Thread(target=recv, args=(rx,), daemon=True) for _, rx in conns]
+        for t in threads:
+            t.start()
+        go.wait()
+        t0 = time.perf_counter()
+        done.wait()
+        elapsed = time.perf_counter() - t0
+        for t in threads:
+            t.join(10)
+        return pairs * rounds * size / elapsed
+    finally:
+        for tx, rx in conns:
+            tx.close()
+            rx.close()

@@ -89,7 +89,7 @@ from fireflyer.hfreduce.launch_plan import LaunchOptions, node_cpus, worker_env
 from fireflyer.hfreduce.settings import load_worker_settings
 from fireflyer.wire.conn import congestion_of, set_congestion
 
-from ._floor import Floor, SocketBuffers, loopback_pair, measure_floor
+from ._floor import Floor, SocketBuffers, loopback_capacity, measure_floor
 from ._goals import goals, missed
 from ._jsonout import add_json_option, emit
 from ._runs import fmt_size, spread_lines, summarize_runs
@@ -184,69 +184,6 @@ def _slowest(records: list[dict[str, Any]], world: int, mode: str, size: int) ->
 
 
 # -- the loopback anchor -------------------------------------------------------------------------------------------
-
-def loopback_capacity(pairs: int, size: int, *, target_bytes: float = 5e8, repeats: int = 4,
-                      congestion: Sequence[str] = (),
-                      buffers: Sequence[SocketBuffers] = ((None, None),)) -> float:
-    """Aggregate bytes/s of ``pairs`` concurrent one-way TCP streams over loopback, each ``sendall(size)`` x rounds.
-
-    Pair ``i`` runs from 127.0.0.(i+1) to the next address, like node to node.
-    Every receiver fills a preallocated buffer with ``recv_into``; the clock
-    runs from releasing all senders together to the last byte received.  The
-    best of ``repeats`` trials is kept: it is a ceiling, and on a shared machine
-    a neighbour's burst only ever lowers a trial.  ``congestion``: the links' congestion
-    controls (as the workers': see :func:`tcp_congestion`), so the bound stays a ceiling.
-    ``buffers``: socket buffer settings (:data:`._floor.SocketBuffers`) the trials take
-    in turn -- the links' and the kernel's auto-tuning -- so that C is the best of either.
-    """
-    n = max(1, repeats)
-    return max(_loopback_trial(pairs, size, target_bytes, congestion, buffers[i % len(buffers)]) for i in range(n))
-
-
-def _loopback_trial(pairs: int, size: int, target_bytes: float, congestion: Sequence[str] = (),
-                    buffers: SocketBuffers = (None, None)) -> float:
-    rounds = max(3, int(target_bytes / (pairs * size)))
-    payload = memoryview(bytearray(os.urandom(min(size, 1 << 20)) * (size // min(size, 1 << 20) + 1))[:size])
-    conns: list[tuple[socket.socket, socket.socket]] = []
-    try:
-        for i in range(pairs):
-            conns.append(loopback_pair(i, i + 1, congestion, buffers))
-        go = threading.Barrier(2 * pairs + 1, timeout=120)
-        done = threading.Barrier(pairs + 1, timeout=120)
-
-        def send(tx: socket.socket) -> None:
-            go.wait()
-            for _ in range(rounds):
-                tx.sendall(payload)
-
-        def recv(rx: socket.socket) -> None:
-            sink = memoryview(bytearray(size))
-            go.wait()
-            for _ in range(rounds):
-                off = 0
-                while off < size:
-                    n = rx.recv_into(sink[off:off + (1 << 20)], 0, socket.MSG_WAITALL)
-                    if not n:
-                        raise ConnectionError("loopback anchor: sender went away")
-                    off += n
-            done.wait()
-
-        threads = [threading.Thread(target=send, args=(tx,), daemon=True) for tx, _ in conns]
-        threads += [threading.Thread(target=recv, args=(rx,), daemon=True) for _, rx in conns]
-        for t in threads:
-            t.start()
-        go.wait()
-        t0 = time.perf_counter()
-        done.wait()
-        elapsed = time.perf_counter() - t0
-        for t in threads:
-            t.join(10)
-        return pairs * rounds * size / elapsed
-    finally:
-        for tx, rx in conns:
-            tx.close()
-            rx.close()
-
 
 def _best_floor(a: Floor, b: Floor) -> Floor:
     """Each part's best of two measurements (a ceiling of speed, as the loopback anchor)."""

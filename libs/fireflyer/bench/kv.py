@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fireflyer.bench._jsonout import add_json_option, emit
-from fireflyer.kv.api import Txn, open_kv
+from fireflyer.kv import Txn, open_kv
 from fireflyer.kv.keys import pack
 
 __all__ = ["bench_kv", "main"]

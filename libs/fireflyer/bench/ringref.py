@@ -17,7 +17,7 @@ the bound describes, stripped of everything HFReduce adds:
 
 Every op's result is checked (each node starts from ``i + 1``, so every element must be
 ``n(n+1)/2``).  A round measures ``C`` as ``ff bench allreduce`` does
-(:func:`~.allreduce.loopback_capacity`, the best of the links' buffers and the
+(:func:`~._floor.loopback_capacity`, the best of the links' buffers and the
 kernel's auto-tuning), then ``--ops`` ring ops after a warm-up; the round's time is the
 median op (an op lasts as long as its slowest node).  ``fraction_of_bound`` = the op's algbw / the
 bound.  ``--rounds`` repeats that; the summary is the median (range) over rounds.
@@ -49,7 +49,7 @@ from fireflyer.hfreduce._ring import (
 )
 from fireflyer.wire.conn import set_io_timeout
 
-from ._floor import SocketBuffers, loopback_pair
+from ._floor import SocketBuffers, loopback_capacity, loopback_pair
 from ._jsonout import STDOUT, add_json_option, emit
 from ._node_procs import collect, reap, spawn
 from .flows import links_setup
@@ -180,8 +180,6 @@ def _summary(values: Sequence[float]) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .allreduce import loopback_capacity  # (imports the launcher: only when run)
-
     doc = __doc__ or ""
     p = argparse.ArgumentParser(prog="ff bench ringref", description=doc.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=4, help="node processes (default 4)")

@@ -10,7 +10,8 @@
     kv.run(bump, idempotency_key=request_id)        # retried on conflict, applied once
     await kv.arun(bump)                             # from asyncio
 
-Semantics and per-backend deviations: ``api`` (common), ``sqlite``, ``postgres``.
+Semantics and per-backend deviations: ``api`` (common), ``sqlite``, ``postgres``;
+``opener`` picks the backend a URL names.
 """
 
 from .api import (
@@ -22,8 +23,6 @@ from .api import (
     SYSTEM_PREFIX,
     KVStats,
     Txn,
-    aopen_kv,
-    open_kv,
 )
 from .errors import (
     CommitUnknown,
@@ -37,6 +36,7 @@ from .errors import (
     TransactionTooOld,
 )
 from .faults import CommitInfo, Fault, FaultInjector
+from .opener import aopen_kv, open_kv
 
 __all__ = [
     "KV",

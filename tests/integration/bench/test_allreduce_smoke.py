@@ -119,17 +119,17 @@ def test_one_node_two_ranks_bf16_json_on_stdout(capsys: pytest.CaptureFixture[st
 def test_loopback_anchor_is_positive_and_alternates_the_socket_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The anchor's trials take the given socket buffers in turn (the links' and auto-tuning) and keep
     the best; each trial's sockets really have the buffers it was given."""
-    from fireflyer.bench import allreduce as ba
+    from fireflyer.bench import _floor
 
     seen: list[tuple[object, int]] = []
-    real_pair = ba.loopback_pair
+    real_pair = _floor.loopback_pair
 
     def pair(src: int, dst: int, congestion=(), buffers=(None, None)):  # type: ignore[no-untyped-def]
         tx, rx = real_pair(src, dst, congestion, buffers)
         seen.append((buffers, tx.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)))
         return tx, rx
 
-    monkeypatch.setattr(ba, "loopback_pair", pair)
+    monkeypatch.setattr(_floor, "loopback_pair", pair)
     with socket.socket() as fresh:
         auto = fresh.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
     links = (None, 96 << 10)

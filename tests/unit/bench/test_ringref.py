@@ -62,10 +62,8 @@ def test_bad_arguments_are_refused() -> None:
 
 def test_the_cli_reports_each_round_against_its_own_bound(monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    import fireflyer.bench.allreduce as ba
-
-    real_cap = ba.loopback_capacity
-    monkeypatch.setattr(ba, "loopback_capacity",  # the bound's anchor, with fewer bytes per trial
+    real_cap = rr.loopback_capacity
+    monkeypatch.setattr(rr, "loopback_capacity",  # the bound's anchor, with fewer bytes per trial
                         lambda *a, **kw: real_cap(*a, **{**kw, "target_bytes": 2e7, "repeats": 2}))
     assert ff_main(["bench", "ringref", "--nodes", "3", "--size", "768K", "--chunk", "64K", "--ops", "2",
                     "--rounds", "2", "--json"]) == 0
