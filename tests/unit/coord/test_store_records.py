@@ -1,10 +1,9 @@
-"""coord's KV records (a 1,250-node record is cut into parts) and the bench's state-machine figures."""
+"""coord's KV records (a 1,250-node record is cut into parts)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from fireflyer.bench.coord import bench_state_machine
 from fireflyer.coord.model import JoinSpec
 from fireflyer.coord.rendezvous import Rendezvous
 from fireflyer.kv import open_kv
@@ -31,8 +30,3 @@ def test_large_record_roundtrips_in_parts_and_shrinks(tmp_path: Path) -> None:
         assert len(back.members) == 3
     finally:
         kv.close()
-
-
-def test_bench_state_machine_small() -> None:
-    r = bench_state_machine(64, 2)
-    assert r["cross_zone_pairs"] == 1 and r["depth"] <= 6 and r["world_size"] == 64 * 8
