@@ -36,6 +36,8 @@ class Violation:
     rule: str
 
     def __str__(self) -> str:
+        if not self.imported:  # a rule about the module itself (its name), not one of its imports
+            return f"{self.path}:{self.line}: {self.rule}"
         return f"{self.path}:{self.line}: imports {self.imported}: {self.rule}"
 
 
@@ -104,8 +106,8 @@ def check_source(source: str, module: str, display: str, *, is_package: bool | N
         is_package = Path(display).name == "__init__.py"
     name = module.rsplit(".", 1)[-1]
     if name.startswith(("bench", "_bench")) and not _within(module, BENCH_PACKAGE) and top in ("fireflyer", "services"):
-        out.append(Violation(display, 1, module, f"a benchmark module belongs in {BENCH_PACKAGE}, "
-                                                 "not in a domain package"))
+        out.append(Violation(display, 1, "", f"{module} is a benchmark: it belongs in {BENCH_PACKAGE} "
+                                             "(one module per ff bench verb), not in a domain package"))
     may_import_bench = any(_within(module, p) for p in _BENCH_IMPORTERS)
     seen: set[int] = set()
     for line, imported in _imports(tree, module, is_package=is_package):

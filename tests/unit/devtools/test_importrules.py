@@ -106,6 +106,9 @@ def test_a_bench_module_in_a_domain_package_fails(tmp_path: Path) -> None:
     assert sorted(x.path for x in v) == ["libs/fireflyer/fs/bench_fs.py", "libs/fireflyer/fs/benchmarks_doc.py",
                                          "libs/fireflyer/hfreduce/_bench_rank.py", "libs/fireflyer/kv/bench.py"]
     assert all("belongs in fireflyer.bench" in x.rule for x in v)
+    assert str(next(x for x in v if x.path.endswith("bench.py"))) == (
+        "libs/fireflyer/kv/bench.py:1: fireflyer.kv.bench is a benchmark: it belongs in fireflyer.bench "
+        "(one module per ff bench verb), not in a domain package")
 
 
 def test_only_the_benchmarks_and_the_cli_import_fireflyer_bench() -> None:
