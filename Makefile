@@ -44,7 +44,7 @@ down: $(STAMP) ## stop the local cluster started by `make up`
 proto: $(STAMP) ## regenerate fireflyer.api from proto/ (grpcio-tools)
 	$(PY) -m fireflyer.api.build
 
-lint: $(STAMP) ## ruff, then the import rules (libs never import services; services never import each other)
+lint: $(STAMP) ## ruff, then the import rules (libs never import services; services never import each other; no import cycle inside a package; benchmarks only in fireflyer.bench)
 	$(VENV)/bin/ruff check libs services tests
 	$(PY) -m fireflyer.devtools.importrules libs services
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal, Protocol
 
 import nats.errors
 import nats.js.errors
@@ -33,12 +33,33 @@ from fireflyer.core.log import get_logger
 
 from .backoff import backoff_delay
 from .events import Event, decode, decoder_for, encode
+from .stats import BusStats
 from .tracing import outgoing_headers
 
-if TYPE_CHECKING:
-    from .connection import Bus, Handler
+__all__ = ["Consumer", "JetStreamHost", "ensure_stream", "publish_durable", "MSG_ID_HEADER"]
 
-__all__ = ["Consumer", "ensure_stream", "publish_durable", "MSG_ID_HEADER"]
+#: a durable consumer's handler: ``await handler(event, msg)`` (as :data:`fireflyer.bus.Handler`)
+Handler = Callable[[Any, Msg], Awaitable[None]]
+
+
+class JetStreamHost(Protocol):
+    """What these helpers need of the :class:`~fireflyer.bus.Bus` that runs them (the bus is
+    above this module: it calls in, and hands itself over as this)."""
+
+    stats: BusStats
+
+    @property
+    def js(self) -> JetStreamContext: ...
+
+    @property
+    def is_closed(self) -> bool: ...
+
+    def note_malformed(self, subject: str, error: Exception, **fields: Any) -> None: ...
+
+    async def _run_handler(self, handler: Callable[[Any, Msg], Awaitable[Any]], event: Any, msg: Msg,
+                           op: str) -> tuple[bool, Any]: ...
+
+    def forget_consumer(self, consumer: Consumer) -> None: ...
 
 log = get_logger(__name__)
 
@@ -59,7 +80,7 @@ def _unavailable(what: str, e: BaseException, **fields: Any) -> Unavailable:
 
 
 async def ensure_stream(
-    bus: Bus,
+    bus: JetStreamHost,
     name: str,
     subjects: Sequence[str],
     *,
@@ -107,7 +128,7 @@ async def ensure_stream(
 
 
 async def publish_durable(
-    bus: Bus,
+    bus: JetStreamHost,
     subject: str,
     event: Event,
     *,
@@ -172,7 +193,7 @@ class Consumer:
 
     def __init__(
         self,
-        bus: Bus,
+        bus: JetStreamHost,
         stream: str,
         durable: str,
         handler: Handler,

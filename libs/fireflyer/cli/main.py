@@ -3,7 +3,7 @@
     ff up | status | down        the local cluster (see fireflyer.cluster)
     ff demo                      bring a cluster up, show it working, bring it down
     ff echo TEXT                 call the diagnostic echo service (auth, tracing, NATS)
-    ff bench <what> [...]        benchmarks printing one JSON object
+    ff bench <what> [...]        benchmarks (--json [PATH]: one JSON line on stdout, or a file)
     ff version
 
 Each subcommand lives in its own module with a ``register(subparsers)``
@@ -24,18 +24,19 @@ __all__ = ["main", "build_parser"]
 
 #: ``ff bench <what>`` -> module with ``main(argv) -> int``; later issues add entries
 BENCHES: dict[str, str] = {
-    "wire": "fireflyer.wire.bench",
-    "kernels": "fireflyer.hfreduce.bench_kernels",
-    "campaign": "fireflyer.hfreduce.bench_campaign",
-    "flows": "fireflyer.hfreduce.bench_flows",
-    "ringref": "fireflyer.hfreduce.bench_ringref",
-    "allreduce": "fireflyer.hfreduce.bench_allreduce",
-    "meta": "fireflyer.fs.bench_meta",
-    "coord": "fireflyer.coord.bench",
-    "fs": "fireflyer.fs.bench_fs",
-    "fs-small": "fireflyer.fs.bench_fs_small",
-    "incast": "fireflyer.fs.bench_incast",
-    "ckpt": "fireflyer.ckpt.bench_ckpt",
+    "wire": "fireflyer.bench.wire",
+    "kernels": "fireflyer.bench.kernels",
+    "campaign": "fireflyer.bench.campaign",
+    "flows": "fireflyer.bench.flows",
+    "ringref": "fireflyer.bench.ringref",
+    "allreduce": "fireflyer.bench.allreduce",
+    "meta": "fireflyer.bench.meta",
+    "coord": "fireflyer.bench.coord",
+    "fs": "fireflyer.bench.fs",
+    "fs-small": "fireflyer.bench.fs_small",
+    "incast": "fireflyer.bench.incast",
+    "ckpt": "fireflyer.bench.ckpt",
+    "kv": "fireflyer.bench.kv",
 }
 
 #: modules that add subcommands; imported lazily so ``ff --help`` stays fast
@@ -68,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
 
-    bench = sub.add_parser("bench", help="run a benchmark (prints one JSON object with --json)",
+    bench = sub.add_parser("bench", help="run a benchmark (--json [PATH]: one JSON line on stdout, or written to PATH)",
                            description="Benchmarks: " + ", ".join(sorted(BENCHES)))
     bench.add_argument("what", choices=sorted(BENCHES))
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments of that benchmark (--help)")

@@ -29,19 +29,57 @@ from __future__ import annotations
 
 import io
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Protocol
 
 from fireflyer.core.errors import FsError, InvalidArgument
 from fireflyer.meta import Inode, Layout
 
+from .length import LengthReporter
 from .readahead import Readahead
 
-if TYPE_CHECKING:
-    from .client import FileSystem
-
-__all__ = ["File"]
+__all__ = ["File", "FileOwner"]
 
 Buffer = bytes | bytearray | memoryview
+
+
+class _FileSettings(Protocol):
+    @property
+    def max_io_bytes(self) -> int: ...
+
+    @property
+    def readahead_bytes(self) -> int: ...
+
+    @property
+    def exact_length_on_close(self) -> bool: ...
+
+
+class _Submit(Protocol):
+    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Future[Any]: ...
+
+
+class FileOwner(Protocol):
+    """What a :class:`File` needs of the :class:`~fireflyer.fs.client.FileSystem` that opened it
+    (the file system is above its files: it opens them, they call back through this)."""
+
+    settings: _FileSettings
+    lengths: LengthReporter
+    _pool: _Submit
+
+    def _stat_inode(self, inode_id: int) -> Inode: ...
+
+    def _truncate_path(self, path: str, length: int) -> Inode: ...
+
+    def _read_range(self, inode_id: int, layout: Layout, offset: int, length: int, path: str) -> bytes: ...
+
+    def _read_range_into(self, inode_id: int, layout: Layout, offset: int, dest: memoryview, path: str) -> None: ...
+
+    def _write_range(self, inode_id: int, layout: Layout, offset: int, data: memoryview, path: str) -> None: ...
+
+    def _report_length(self, inode_id: int, length: int) -> Inode: ...
+
+    def _exact_length(self, layout: Layout, inode_id: int) -> int | None: ...
 
 
 def check_range(offset: object, length: object, *, what: str, limit: int) -> None:
@@ -58,7 +96,7 @@ def check_range(offset: object, length: object, *, what: str, limit: int) -> Non
 class File(io.RawIOBase):
     """One open file (see the module doc).  Thread safe for pread/pwrite."""
 
-    def __init__(self, fs: FileSystem, path: str, inode: Inode, *, readable: bool, writable: bool,
+    def __init__(self, fs: FileOwner, path: str, inode: Inode, *, readable: bool, writable: bool,
                  append: bool = False, mode: str = "rb") -> None:
         super().__init__()
         assert inode.layout is not None

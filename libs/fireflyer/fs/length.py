@@ -26,7 +26,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
@@ -37,12 +37,24 @@ from fireflyer.storage.client_min import StorageClient
 from fireflyer.storage.errors import RETRY_AFTER_REFRESH, NotServing
 from fireflyer.storage.protocol import OP_QUERY_LAST, LastChunk, QueryLastMsg, to_meta
 
-if TYPE_CHECKING:
-    from .file import File
-
-__all__ = ["LengthReporter", "exact_length"]
+__all__ = ["LengthReporter", "Reported", "exact_length"]
 
 log = get_logger(__name__)
+
+
+class Reported(Protocol):
+    """What the reporter needs of an open file (a :class:`fireflyer.fs.file.File`)."""
+
+    name: str
+    inode_id: int
+
+    @property
+    def written_end(self) -> int: ...
+
+    @property
+    def needs_report(self) -> bool: ...
+
+    def report_length(self) -> None: ...
 
 
 def _last_on_chain(storage: StorageClient, chain_id: int, inode_id: int) -> LastChunk:
@@ -93,23 +105,23 @@ def exact_length(storage: StorageClient, layout: Layout, inode_id: int) -> int |
 class LengthReporter:
     """Reports dirty handles' highest written ends every ``interval_s`` (one daemon thread)."""
 
-    def __init__(self, report: Callable[[File], None], interval_s: float) -> None:
+    def __init__(self, report: Callable[[Reported], None], interval_s: float) -> None:
         self._report = report
         self.interval_s = interval_s
-        self._files: weakref.WeakSet[File] = weakref.WeakSet()
+        self._files: weakref.WeakSet[Reported] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.reports = 0
 
-    def register(self, f: File) -> None:
+    def register(self, f: Reported) -> None:
         with self._lock:
             self._files.add(f)
             if self._thread is None and self.interval_s > 0:
                 self._thread = threading.Thread(target=self._loop, name="ff-fs-length", daemon=True)
                 self._thread.start()
 
-    def unregister(self, f: File) -> None:
+    def unregister(self, f: Reported) -> None:
         with self._lock:
             self._files.discard(f)
 

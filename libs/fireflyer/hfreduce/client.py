@@ -80,6 +80,7 @@ from .protocol import (
 )
 from .shm import Segment
 from .telemetry import OpRecord
+from .torch_dtypes import torch_cpu_view, torch_to_numpy_dtype
 
 __all__ = ["init", "Communicator", "Work", "CommStatus", "GRACE_S", "torch_to_numpy_dtype"]
 
@@ -100,30 +101,6 @@ class CommStatus(msgspec.Struct):
     pending: list[OpRecord]
     worker: dict[str, Any]
     rank_pending: list[int]
-
-
-def torch_to_numpy_dtype(tdtype: Any) -> np.dtype:
-    import torch
-
-    table = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: "bfloat16",
-             torch.int32: np.int32, torch.int64: np.int64, torch.float8_e4m3fn: "float8_e4m3fn",
-             torch.float8_e5m2: "float8_e5m2"}
-    if tdtype not in table:
-        raise InvalidArgument(f"HFReduce does not reduce torch dtype {tdtype}")
-    return kernels.dtype_from_name(table[tdtype])
-
-
-def _torch_cpu_view(t: Any) -> np.ndarray:
-    """A numpy view sharing a CPU tensor's memory (bf16 / fp8 through an integer view)."""
-    import torch
-
-    dt = torch_to_numpy_dtype(t.dtype)
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(dt)
-    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        return t.view(torch.uint8).numpy().view(dt)
-    return t.numpy()
 
 
 class Work:
@@ -400,7 +377,7 @@ class Communicator:
         elif type(x).__module__.startswith("torch"):
             if x.device.type != "cpu":
                 raise InvalidArgument(f"unsupported torch device {x.device}")
-            arr = _torch_cpu_view(x)
+            arr = torch_cpu_view(x)
         elif isinstance(x, np.ndarray):
             arr = x
         else:

@@ -21,6 +21,8 @@ import numpy as np
 
 from fireflyer.core.errors import InvalidArgument
 
+from .torch_dtypes import torch_to_numpy_dtype
+
 __all__ = ["is_cuda_array", "CudaStaging"]
 
 
@@ -34,8 +36,6 @@ def is_cuda_array(x: Any) -> bool:
 def _torch_cuda_view(x: Any) -> tuple[Any, np.dtype | None]:
     """A torch CUDA tensor as something numba can wrap, and its logical numpy dtype."""
     import torch
-
-    from .client import torch_to_numpy_dtype
 
     logical = torch_to_numpy_dtype(x.dtype)
     t = x.detach()

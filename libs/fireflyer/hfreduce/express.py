@@ -63,7 +63,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -71,15 +71,41 @@ from fireflyer.wire.frame import Request
 
 from . import kernels
 from ._op import divide_inplace
-from .errors import CollectiveTimeout, HFReduceError
+from .errors import CollectiveTimeout, FingerprintMismatch, HFReduceError
+from .trees import DoubleTree
 from .types import Fingerprint, OpStats, PeerStats, TreeStats
 
 if TYPE_CHECKING:
     from ._links import Link
-    from .engine import NodeEngine
 
-__all__ = ["XOP", "EXPRESS_BYTES", "EXPRESS_POLL_S", "Express", "ExpressBase", "XOp", "add_pair", "combine",
+__all__ = ["XOP", "EXPRESS_BYTES", "EXPRESS_POLL_S", "Express", "ExpressBase", "ExpressHost", "XOp", "add_pair", "combine",
            "eligible", "send_partial"]
+
+
+class ExpressHost(Protocol):
+    """What the express paths need of the :class:`~fireflyer.hfreduce.engine.NodeEngine` that
+    runs them (the engine is above this module: it makes its express paths and hands itself over)."""
+
+    node: int
+    double_tree: DoubleTree
+
+    @property
+    def failed(self) -> HFReduceError | None: ...
+
+    def who(self, node: int) -> str: ...
+
+    def peer_mismatch(self, peer: int, ours: str, theirs: object) -> FingerprintMismatch: ...
+
+    def express_link(self) -> Link: ...
+
+    def tree_links(self, tree: int) -> list[Link]: ...
+
+    def _reraise(self, fp: Fingerprint | None = None) -> HFReduceError: ...
+
+    def _link_failed(self, lk: Link, e: BaseException) -> None: ...
+
+    def _fail(self, err: HFReduceError, *, source: Link | None = None, culprit: int | None = None,
+              forward: dict[str, object] | None = None, log: bool = True, closed: bool = False) -> None: ...
 
 XOP = "hfr.x"
 #: the largest express op, in carried bytes (a constant: both nodes must take the same path)
@@ -188,7 +214,7 @@ class ExpressBase:
     """What both express paths share: one op at a time, parked early frames, the engine-op
     bookkeeping, the watch over a slow op, failing through the engine."""
 
-    def __init__(self, engine: NodeEngine) -> None:
+    def __init__(self, engine: ExpressHost) -> None:
         self.engine = engine
         self._lock = threading.RLock()  # (re-entered: a failure found under it wakes the waiters)
         self._cv = threading.Condition(self._lock)
@@ -293,7 +319,7 @@ class ExpressBase:
 class Express(ExpressBase):
     """The express path of a two-node engine (see the module docs); one op at a time."""
 
-    def __init__(self, engine: NodeEngine) -> None:
+    def __init__(self, engine: ExpressHost) -> None:
         """Made by a two-node engine once its links are up, before its readers start."""
         super().__init__(engine)
         #: the link whose reader polls after an express frame ("Polling")
@@ -375,7 +401,7 @@ class Express(ExpressBase):
         return op.stats({self.peer: PeerStats(bytes_sent=n, bytes_received=n, transfer_s=op.send_s + op.recv_s)})
 
 
-def send_partial(engine: NodeEngine, lk: Link, op: XOp) -> float:
+def send_partial(engine: ExpressHost, lk: Link, op: XOp) -> float:
     """Send ``op.ours`` on ``lk`` as an express frame; seconds in the socket call.  A lost link
     fails the engine, and this raises its failure."""
     t = _perf()

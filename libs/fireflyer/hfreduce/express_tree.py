@@ -52,12 +52,11 @@ from fireflyer.wire.frame import Request
 
 from ._op import divide_inplace
 from .errors import CollectiveTimeout, HFReduceError
-from .express import _MAX_PARKED, ExpressBase, XOp, combine, send_partial
+from .express import _MAX_PARKED, ExpressBase, ExpressHost, XOp, combine, send_partial
 from .types import OpStats, PeerStats
 
 if TYPE_CHECKING:
     from ._links import Link
-    from .engine import NodeEngine
 
 __all__ = ["TreeExpress"]
 
@@ -72,7 +71,7 @@ STAGGER_MAX_S = 0.8
 class TreeExpress(ExpressBase):
     """The express path of an engine of three or more nodes (see the module docs)."""
 
-    def __init__(self, engine: NodeEngine) -> None:
+    def __init__(self, engine: ExpressHost) -> None:
         """Made by the engine once its links are up, before its readers start."""
         super().__init__(engine)
         #: no link of this path polls after its frames (see :mod:`.express`, "Polling")

@@ -566,7 +566,7 @@ def _reduce_stream(out_addr, in_addrs, start, stop, acc, acc2):  # type: ignore[
     Why eight in the last pass: on an AMD Zen 5 VM, k = 8 in one pass took 0.97x the time of
     four into the accumulator and four more into ``out`` (three runs of eight interleaved
     rounds in one process, 12.26-12.42 against 12.63-12.78 ms): 96-97% of the speed of only
-    reading the eight inputs (:mod:`.read_floor`), against 93%.  On a Zen 4 VM the two were
+    reading the eight inputs (:mod:`fireflyer.bench._read_floor`), against 93%.  On a Zen 4 VM the two were
     level.  Summation order is the same either way: left to right.
 
     The caller owns the accumulators (one pair per thread, :func:`_stream_acc`): 256 KiB

@@ -31,10 +31,11 @@ generation builds a new one on the same listen address once the old one has clos
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -48,16 +49,40 @@ from .express import ExpressBase, XOp
 from .express import eligible as express_eligible
 from .opexec import OpPlan, _WorkBuffers, broadcast_words, execute, may_post, wire_layout
 from .protocol import Channel, Done, Failed, Hello, Submit, encode
+from .settings import WorkerSettings
 from .shm import Segment
 from .telemetry import OpRecord
 from .types import Fingerprint, OpStats
 
-if TYPE_CHECKING:
-    from .worker import Worker
-
-__all__ = ["NodeComm", "RankConn"]
+__all__ = ["NodeComm", "RankConn", "CommHost"]
 
 log = get_logger(__name__)
+
+
+class CommHost(Protocol):
+    """What a :class:`NodeComm` needs of the :class:`~fireflyer.hfreduce.worker.Worker` that
+    serves it (the worker is above this module: it makes its communicators and hands itself over)."""
+
+    settings: WorkerSettings
+    node_rank: int
+    peers: list[str]
+    zones: list[str] | None
+    chunk_bytes: int
+    threads: int
+    engine_slot: threading.Lock
+    tracing: bool
+
+    def retire(self, comm: NodeComm) -> None: ...
+
+    def ring_begin(self, rec: OpRecord) -> OpRecord: ...
+
+    def ring_record(self, comm: NodeComm, seq: int) -> OpRecord | None: ...
+
+    def ring_end(self, comm: NodeComm, seq: int, phase: str, *, error: str = "") -> OpRecord | None: ...
+
+    def span(self, comm: NodeComm, sub: Submit, seq: int) -> contextlib.AbstractContextManager[Any]: ...
+
+    def span_after(self, comm: NodeComm, sub: Submit, seq: int, started_at: float, rec: OpRecord | None) -> None: ...
 
 #: ops of at most this many bytes run on the thread of the rank whose submit completed them
 #: when no op is running (:meth:`NodeComm.submit`): the hand-off to the op thread, a
@@ -102,7 +127,7 @@ class RankConn:
 class NodeComm:
     """One generation of a communicator on this node; see the module docs."""
 
-    def __init__(self, worker: Worker, key: str, generation: int, first: Hello) -> None:
+    def __init__(self, worker: CommHost, key: str, generation: int, first: Hello) -> None:
         self.worker = worker
         self.key = key
         self.generation = generation

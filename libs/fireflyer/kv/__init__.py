@@ -10,7 +10,8 @@
     kv.run(bump, idempotency_key=request_id)        # retried on conflict, applied once
     await kv.arun(bump)                             # from asyncio
 
-Semantics and per-backend deviations: ``api`` (common), ``sqlite``, ``postgres``.
+Semantics and per-backend deviations: ``api`` (common), ``sqlite``, ``postgres``;
+``opener`` picks the backend a URL names.
 """
 
 from .api import (
@@ -22,10 +23,7 @@ from .api import (
     SYSTEM_PREFIX,
     KVStats,
     Txn,
-    aopen_kv,
-    open_kv,
 )
-from .bench import bench_kv
 from .errors import (
     CommitUnknown,
     Conflict,
@@ -38,6 +36,7 @@ from .errors import (
     TransactionTooOld,
 )
 from .faults import CommitInfo, Fault, FaultInjector
+from .opener import aopen_kv, open_kv
 
 __all__ = [
     "KV",
@@ -45,7 +44,6 @@ __all__ = [
     "KVStats",
     "open_kv",
     "aopen_kv",
-    "bench_kv",
     "MAX_KEY_SIZE",
     "MAX_VALUE_SIZE",
     "MAX_TXN_BYTES",

@@ -1,4 +1,4 @@
-"""The backend-independent half of the KV store: ``KV.run``, ``Txn`` and ``open_kv``.
+"""The backend-independent half of the KV store: ``KV.run`` and ``Txn`` (``open_kv``: :mod:`.opener`).
 
 A ``Txn`` buffers its writes (sets and range clears) in the client and sends them at
 commit, like FoundationDB: reads see the transaction's own pending writes
@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, TypeVar
-from urllib.parse import parse_qsl
 
 import msgspec
 
@@ -47,7 +46,6 @@ __all__ = [
     "KV",
     "Txn",
     "KVStats",
-    "open_kv",
     "MAX_KEY_SIZE",
     "MAX_VALUE_SIZE",
     "MAX_TXN_BYTES",
@@ -316,7 +314,7 @@ class Txn:
 class KV:
     """An ordered byte-key store with serializable transactions; thread safe.
 
-    Make one with :func:`open_kv`.  ``faults`` arms test faults, ``stats`` counts
+    Make one with :func:`fireflyer.kv.open_kv`.  ``faults`` arms test faults, ``stats`` counts
     commits, conflicts, retries and unknown results.
     """
 
@@ -559,101 +557,3 @@ def _decode_record(record: bytes, result_type: Any) -> Any:
     if result_type is not None:
         return msgspec.convert(result, result_type)
     return result
-
-
-_COMMON = {
-    "max_retries": int,
-    "backoff_base_s": float,
-    "backoff_max_s": float,
-    "idempotency_expiry_s": float,
-    "idempotency_gc_interval_s": float,
-}
-_SQLITE = {"synchronous": str, "busy_timeout_s": float, "max_txn_age_s": float, "pool_size": int}
-_POSTGRES = {"schema": str, "pool_size": int, "connect_timeout_s": float}
-
-
-def _url_options(query: str, allowed: dict[str, type]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-    """Split a URL query into our options (typed) and the rest (passed to the driver)."""
-    ours: dict[str, Any] = {}
-    rest: list[tuple[str, str]] = []
-    for k, v in parse_qsl(query, keep_blank_values=True):
-        if k in allowed:
-            try:
-                ours[k] = allowed[k](v)
-            except ValueError as e:
-                raise KVInvalidArgument(f"URL option {k}={v!r} is not a {allowed[k].__name__}", key=k) from e
-        else:
-            rest.append((k, v))
-    return ours, rest
-
-
-def open_kv(url: str, **options: Any) -> KV:
-    """Open (creating tables if missing) the store at ``url``.
-
-    - ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db`` (SQLAlchemy's
-      convention), ``sqlite://:memory:`` (a private temporary file, removed on close:
-      a real in-memory database cannot give each thread its own snapshot);
-      options ``synchronous`` (NORMAL), ``busy_timeout_s``, ``max_txn_age_s``, ``pool_size``.
-    - ``postgresql://user@host:port/db?schema=name`` (also ``postgres://``); options
-      ``schema``, ``pool_size``, ``connect_timeout_s``; other query items go to libpq.
-
-    Options come from the URL query or keyword arguments (keywords win); both take
-    ``max_retries``, ``backoff_base_s``, ``backoff_max_s``, ``idempotency_expiry_s``,
-    ``idempotency_gc_interval_s`` and ``clock``.
-    """
-    if not isinstance(url, str):
-        raise KVInvalidArgument("KV url must be a str", type=type(url).__name__)
-    if url.startswith("sqlite://"):
-        from .sqlite import SqliteKV
-
-        rest = url[len("sqlite://") :]
-        path, _, query = rest.partition("?")
-        ours, unknown = _url_options(query, {**_COMMON, **_SQLITE})
-        if unknown:
-            raise KVInvalidArgument(f"unknown sqlite URL options {[k for k, _ in unknown]}", url=url)
-        if path in (":memory:", "/:memory:"):
-            return SqliteKV(None, **{**ours, **options})
-        if not path.startswith("/") or len(path) < 2:
-            raise KVInvalidArgument("sqlite URL needs a path: sqlite:///rel.db or sqlite:////abs.db", url=url)
-        return SqliteKV(path[1:], **{**ours, **options})
-    if url.startswith(("postgresql://", "postgres://")):
-        from .postgres import PostgresKV
-
-        base, _, query = url.partition("?")
-        ours, rest = _url_options(query, {**_COMMON, **_POSTGRES})
-        dsn = base + ("?" + "&".join(f"{k}={v}" for k, v in rest) if rest else "")
-        return PostgresKV(dsn, **{**ours, **options})
-    raise KVInvalidArgument(
-        "unsupported KV url; use sqlite:///path.db, sqlite://:memory: or postgresql://...",
-        url=url.split("@")[-1],
-    )
-
-
-async def aopen_kv(url: str, *, wait_s: float = 15.0, **options: Any) -> KV:
-    """Open a KV from asyncio, retrying ``KVUnavailable`` with backoff for up to ``wait_s``.
-
-    Services start together with their store: a PostgreSQL server may still be starting, a
-    restarted process may find a SQLite file still locked by the one it replaces.  A store that
-    stays unavailable past ``wait_s`` raises the last error.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    delay = 0.05
-    while True:
-        try:
-            return await asyncio.to_thread(open_kv, url, **options)
-        except KVUnavailable as e:
-            if loop.time() + delay > deadline:
-                raise
-            get_logger(__name__).warning("kv.open_retry", url=_redact(url), error=str(e), delay_s=delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
-
-
-def _redact(url: str) -> str:
-    """The URL without a password, for logs."""
-    head, sep, tail = url.partition("@")
-    if not sep or "://" not in head:
-        return url
-    scheme, _, userinfo = head.partition("://")
-    return f"{scheme}://{userinfo.split(':', 1)[0]}@{tail}"

@@ -166,9 +166,9 @@ async def test_aopen_kv_retries_until_the_store_answers_then_gives_up(tmp_path, 
     """Services open their store with aopen_kv: unavailable at first, then fine; or never."""
     import pytest
 
-    from fireflyer.kv import KVUnavailable, aopen_kv, api
+    from fireflyer.kv import KVUnavailable, aopen_kv, opener
 
-    real = api.open_kv
+    real = opener.open_kv
     calls = {"n": 0}
 
     def flaky(url, **kw):
@@ -177,7 +177,7 @@ async def test_aopen_kv_retries_until_the_store_answers_then_gives_up(tmp_path, 
             raise KVUnavailable("not yet", path=url)
         return real(url, **kw)
 
-    monkeypatch.setattr(api, "open_kv", flaky)
+    monkeypatch.setattr(opener, "open_kv", flaky)
     kv = await aopen_kv(f"sqlite:///{tmp_path / 'a.db'}", wait_s=5)
     kv.close()
     assert calls["n"] == 3
@@ -185,7 +185,7 @@ async def test_aopen_kv_retries_until_the_store_answers_then_gives_up(tmp_path, 
     def never(url, **kw):
         raise KVUnavailable("down", path=url)
 
-    monkeypatch.setattr(api, "open_kv", never)
+    monkeypatch.setattr(opener, "open_kv", never)
     with pytest.raises(KVUnavailable):
         await aopen_kv("postgresql://u:secret@127.0.0.1:1/x", wait_s=0.2)
-    assert api._redact("postgresql://u:secret@h:1/x") == "postgresql://u@h:1/x"
+    assert opener._redact("postgresql://u:secret@h:1/x") == "postgresql://u@h:1/x"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from fireflyer.hfreduce import _blocks, _lowp, _rootpass, copies, kernels, read_floor
+from fireflyer.bench import _read_floor as read_floor
+from fireflyer.hfreduce import _blocks, _lowp, _rootpass, copies, kernels
 from fireflyer.hfreduce.jitcache import STAMP_SUFFIX, cache_dir, drop_stale, sources_digest
 
 

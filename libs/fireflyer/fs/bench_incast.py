@@ -1,7 +1,0 @@
-"""``ff bench incast``: batch-read fan-in with and without request-to-send (see :mod:`.bench_fs`)."""
-
-from __future__ import annotations
-
-from .bench_fs import main_incast as main
-
-__all__ = ["main"]
