@@ -65,6 +65,7 @@ from .frame import (
     Welcome,
     decode_header,
     encode_head,
+    hello_problem,
     parse_prefix,
 )
 
@@ -199,9 +200,9 @@ class _ServerProtocol(asyncio.Protocol):
                                            reason="unexpected_frame"))
 
     def _hello(self, header: Header, payload: bytes) -> None:
-        if not isinstance(header, Hello) or payload:
-            self._reject(ProtocolError(f"the first frame must be a hello, got {type(header).__name__}",
-                                       reason="expected_hello"))
+        problem = hello_problem(header, len(payload))
+        if problem is not None or not isinstance(header, Hello):
+            self._reject(problem or ProtocolError("the first frame must be a hello", reason="expected_hello"))
             return
         try:
             principal = self.server.authenticate(header.token)

@@ -195,7 +195,8 @@ class FramedSocket:
     """Frames over one connected socket.  Sends are thread-safe; receives belong to one thread."""
 
     def __init__(self, sock: socket.socket, *, peer: str, limits: FrameLimits,
-                 io_timeout_s: float | None) -> None:
+                 io_timeout_s: float | None, frame_timeout_s: float | None = None,
+                 min_payload_rate: float = 1 << 20) -> None:
         self.sock = sock
         self.peer = peer
         self.limits = limits
@@ -211,6 +212,21 @@ class FramedSocket:
         self.failure: FireFlyerError | None = None
         self._closed = False
         self._poller: select.poll | None = None  # (POLLIN on this socket, made on first use)
+        #: a frame that has started must be whole within this many seconds (its head), plus
+        #: its payload at ``min_payload_rate`` bytes/s; None: only ``io_timeout_s`` (no
+        #: progress for that long) bounds it.  Servers set it: a peer that starts a frame and
+        #: stalls (or trickles) would otherwise hold the connection and what it allocated.
+        self.frame_timeout_s = frame_timeout_s
+        self.min_payload_rate = min_payload_rate
+        self._deadline: float | None = None  # when the current frame must be complete
+
+    def preload(self, data: bytes | bytearray | memoryview) -> None:
+        """Put bytes already read from the socket (by a handshake reader) in front of the stream."""
+        n = len(data)
+        if n > len(self._rbuf) - self._rend:
+            raise InvalidArgument(f"{n} preloaded bytes do not fit the read-ahead buffer", size=n)
+        self._rview[self._rend:self._rend + n] = data
+        self._rend += n
 
     # ------------------------------------------------------------------ sending
 
@@ -319,6 +335,9 @@ class FramedSocket:
         clean close between frames, :class:`ProtocolError` (``reason``) on a bad or truncated
         frame, :class:`DeadlineExceeded` if the peer stalled inside the frame.
         """
+        self._deadline = None
+        if self._rend > self._rpos:
+            self._start_frame()  # (the frame's first bytes came with the previous read)
         if self._rend - self._rpos < PREFIX.size:
             self._fill(PREFIX.size, at_boundary=True)
         try:
@@ -331,7 +350,50 @@ class FramedSocket:
         except ProtocolError as e:
             raise self._break(e) from None
         self._rpos += header_len
+        if self._deadline is not None and payload_len:
+            self._deadline += payload_len / self.min_payload_rate
         return header, payload_len
+
+    def _start_frame(self) -> None:
+        if self.frame_timeout_s is not None and self._deadline is None:
+            self._deadline = time.monotonic() + self.frame_timeout_s
+
+    def _check_deadline(self, wait: bool) -> None:
+        """Raise ``frame_timeout`` if the current frame is past its deadline; with ``wait``,
+        first wait (at most until the deadline) for bytes to read."""
+        deadline = self._deadline
+        if deadline is None:
+            return
+        left = deadline - time.monotonic()
+        if left > 0 and wait:
+            try:
+                ready = self._pollin().poll(max(1, int(left * 1000) + 1))
+            except OSError as e:
+                self._recv_failed(e, idle=False)
+            if ready:
+                return
+            left = deadline - time.monotonic()
+        if left <= 0:
+            raise self._break(DeadlineExceeded(
+                f"{self.peer} did not complete a frame within its deadline ({self.frame_timeout_s}s for the "
+                f"head, plus the payload at {self.min_payload_rate:.0f} bytes/s)",
+                peer=self.peer, reason="frame_timeout", timeout_s=self.frame_timeout_s))
+
+    def wait_payload(self) -> None:
+        """Return once a payload byte is buffered or readable (a receiver allocates for a payload
+        only then, not on the frame's word): ``frame_timeout`` / ``stalled`` if none comes."""
+        if self._rend > self._rpos:
+            return
+        if self._deadline is not None:
+            while True:
+                self._check_deadline(wait=True)
+                if self._pollin().poll(0):
+                    return
+        try:
+            self._wait_readable()
+        except Idle:
+            raise self._break(DeadlineExceeded(f"{self.peer} stalled inside a frame for {self.io_timeout_s}s",
+                                               peer=self.peer, reason="stalled")) from None
 
     def poll_for(self, budget_s: float) -> bool:
         """Wait up to ``budget_s`` for the next bytes *without sleeping*: poll the socket,
@@ -380,6 +442,9 @@ class FramedSocket:
             self._rpos, self._rend = 0, have
         while self._rend < need:
             idle = at_boundary and self._rend == 0
+            if not idle:
+                self._start_frame()
+                self._check_deadline(wait=True)
             try:
                 # between frames: take what is there, else sleep in poll() until something is
                 got = self.sock.recv_into(self._rview[self._rend:], 0, socket.MSG_DONTWAIT if idle else 0)
@@ -405,6 +470,10 @@ class FramedSocket:
             self._rpos += off
         n = len(dest)
         while off < n:
+            if self._deadline is not None:
+                # between chunks; a chunk's own wait is bounded by SO_RCVTIMEO, which a
+                # server with a frame deadline keeps no longer than it
+                self._check_deadline(wait=False)
             try:
                 got = self.sock.recv_into(dest[off:off + CHUNK], 0, socket.MSG_WAITALL)
             except OSError as e:

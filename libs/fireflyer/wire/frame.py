@@ -26,6 +26,9 @@ Frame types (the ``t`` tag):
 ``error``    the request ``rid`` failed (``rid`` 0: the connection itself did), with the error as
              :meth:`FireFlyerError.to_dict` wrote it.
 
+:func:`decode_frame_head` is the whole parse of a frame's head from a buffer (no I/O, no
+allocation beyond the decoded header): the server's handshake and the fuzz tests use it.
+
 Every parse failure raises :class:`~fireflyer.core.errors.ProtocolError` with a ``reason``
 field (``bad_magic``, ``bad_version``, ``bad_flags``, ``oversized_header``, ``oversized_payload``,
 ``bad_header``) that the connection layers log when they close a connection over it.
@@ -55,6 +58,8 @@ __all__ = [
     "encode_head",
     "parse_prefix",
     "decode_header",
+    "decode_frame_head",
+    "hello_problem",
     "crc32",
 ]
 
@@ -63,11 +68,23 @@ VERSION = 1
 PREFIX = struct.Struct("<4sHHIQ")
 
 
+#: protocol maxima: no limits a reader is configured with may exceed these (header_len is a
+#: u32 and payload_len a u64 on the wire; nothing legitimate comes near either)
+MAX_HEADER_BYTES = 16 << 20
+MAX_PAYLOAD_BYTES = 1 << 40
+
+
 class FrameLimits(msgspec.Struct, frozen=True, kw_only=True):
     """What a reader accepts; a frame over a limit closes the connection."""
 
     max_header_bytes: int = 64 * 1024
     max_payload_bytes: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_header_bytes <= MAX_HEADER_BYTES:
+            raise ValueError(f"max_header_bytes must be in 1..{MAX_HEADER_BYTES}, got {self.max_header_bytes}")
+        if not 0 <= self.max_payload_bytes <= MAX_PAYLOAD_BYTES:
+            raise ValueError(f"max_payload_bytes must be in 0..{MAX_PAYLOAD_BYTES}, got {self.max_payload_bytes}")
 
 
 class Hello(msgspec.Struct, frozen=True, kw_only=True, tag="hello", tag_field="t"):
@@ -118,6 +135,8 @@ def encode_head(header: Header, payload_len: int) -> bytearray:
 
 def parse_prefix(prefix: bytes | bytearray | memoryview, limits: FrameLimits) -> tuple[int, int]:
     """Check a prefix against the protocol and ``limits``; return (header_len, payload_len)."""
+    if len(prefix) != PREFIX.size:
+        raise ProtocolError(f"frame prefix of {len(prefix)} bytes (it is {PREFIX.size})", reason="short_prefix")
     magic, version, flags, header_len, payload_len = PREFIX.unpack(prefix)
     if magic != MAGIC:
         raise ProtocolError(f"bad frame magic {bytes(magic)!r} (not a Fire-Flyer wire peer?)",
@@ -141,6 +160,31 @@ def decode_header(buf: bytes | bytearray | memoryview) -> Header:
         return _decoder.decode(buf)
     except msgspec.DecodeError as e:  # ValidationError is a DecodeError
         raise ProtocolError(f"undecodable frame header: {e}", reason="bad_header") from None
+
+
+def decode_frame_head(buf: bytes | bytearray | memoryview, limits: FrameLimits) -> tuple[Header, int, int] | None:
+    """Parse the frame at the start of ``buf``: ``(header, head_len, payload_len)`` where
+    ``head_len`` is prefix + header bytes (the payload starts there), or None while ``buf``
+    holds less than the whole head.  Pure: both length fields are checked against ``limits``
+    before anything is sliced, and a broken frame raises :class:`ProtocolError` only."""
+    if len(buf) < PREFIX.size:
+        return None
+    header_len, payload_len = parse_prefix(memoryview(buf)[:PREFIX.size], limits)
+    end = PREFIX.size + header_len
+    if len(buf) < end:
+        return None
+    return decode_header(memoryview(buf)[PREFIX.size:end]), end, payload_len
+
+
+def hello_problem(header: Header, payload_len: int) -> ProtocolError | None:
+    """What is wrong with ``header`` as a connection's first frame, or None if it is a good hello."""
+    if not isinstance(header, Hello):
+        return ProtocolError(f"the first frame must be a hello, got a {type(header).__name__} frame",
+                             reason="expected_hello", got=type(header).__name__)
+    if payload_len:
+        return ProtocolError(f"a hello frame carries no payload, this one declares {payload_len} bytes",
+                             reason="hello_with_payload", size=payload_len)
+    return None
 
 
 def crc32(data: Any, value: int = 0) -> int:
