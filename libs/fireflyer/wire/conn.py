@@ -340,6 +340,7 @@ class FramedSocket:
             self._start_frame()  # (the frame's first bytes came with the previous read)
         if self._rend - self._rpos < PREFIX.size:
             self._fill(PREFIX.size, at_boundary=True)
+        self._start_frame()
         try:
             header_len, payload_len = parse_prefix(self._rview[self._rpos:self._rpos + PREFIX.size],
                                                    self.limits)
@@ -510,6 +511,7 @@ class FramedSocket:
         if _is_timeout(e):
             if idle:
                 raise Idle() from None
+            self._check_deadline(wait=False)  # (a frame past its deadline says so)
             raise self._break(DeadlineExceeded(f"{self.peer} stalled inside a frame for {self.io_timeout_s}s",
                                                peer=self.peer, reason="stalled")) from None
         if self._closed:
