@@ -99,6 +99,21 @@ class StorageSection(msgspec.Struct, frozen=True, kw_only=True):
     local_socket: str = ""
     #: the socket file's permission bits (octal); every request is also token-checked
     local_socket_mode: str = "0666"
+    #: data-plane connections open at once (before and after their hello); over it a new one is
+    #: refused with a ResourceExhausted error frame (``wire.conn_refused`` at INFO)
+    wire_max_connections: int = 1024
+    #: authenticated data-plane connections of one user (admins and services are not counted)
+    wire_max_connections_per_user: int = 256
+    #: a new connection must complete its hello within this, or it is closed
+    wire_handshake_timeout_s: float = 5.0
+    #: a frame that has started must be whole within this (its head), plus its payload at
+    #: ``wire_min_payload_rate`` bytes/s; a stalled or trickling peer is closed
+    wire_frame_timeout_s: float = 5.0
+    wire_min_payload_rate: int = 1 << 20
+    #: payload bytes of requests being received, all connections together; a request that
+    #: does not fit waits ``wire_payload_budget_wait_s``, then fails with ResourceExhausted
+    wire_payload_budget_bytes: int = 1 << 30
+    wire_payload_budget_wait_s: float = 5.0
 
 
 class StorageSettings(ServiceSettings, frozen=True, kw_only=True):
@@ -229,8 +244,22 @@ class StorageService(Service):
                     loops_ref["loops"].kick_refresh()  # the sender knows a newer chain: catch up
                 raise
 
+        for key in ("wire_max_connections", "wire_max_connections_per_user", "wire_payload_budget_bytes"):
+            if getattr(s, key) < 1:
+                raise SettingsError(f"storage.{key} must be >= 1, got {getattr(s, key)}", key=f"storage.{key}",
+                                    expected="int >= 1")
+        for key in ("wire_handshake_timeout_s", "wire_frame_timeout_s", "wire_min_payload_rate"):
+            if not getattr(s, key) > 0:
+                raise SettingsError(f"storage.{key} must be > 0, got {getattr(s, key)}", key=f"storage.{key}",
+                                    expected="number > 0")
         self.wire = WireServer(handler, authenticate=authenticate, host=s.wire_host, port=s.wire_port,
-                               limits=frame_limits, name=f"storage:{node_id}")
+                               limits=frame_limits, name=f"storage:{node_id}",
+                               handshake_timeout_s=s.wire_handshake_timeout_s,
+                               frame_timeout_s=s.wire_frame_timeout_s, min_payload_rate=s.wire_min_payload_rate,
+                               max_connections=s.wire_max_connections,
+                               max_connections_per_user=s.wire_max_connections_per_user,
+                               payload_budget_bytes=s.wire_payload_budget_bytes,
+                               payload_budget_wait_s=s.wire_payload_budget_wait_s)
         wire_port = self.wire.port
         node = StorageNode(node_id, targets, wire_address=f"{s.wire_host}:{wire_port}",
                            grpc_address=lambda: ctx.server.address, fence_after_s=s.fence_after_s)

@@ -385,11 +385,23 @@ class FramedSocket:
         only then, not on the frame's word): ``frame_timeout`` / ``stalled`` if none comes."""
         if self._rend > self._rpos:
             return
-        if self._deadline is not None:
+        if self._deadline is not None and self.frame_timeout_s is not None:
+            # the first byte must come within frame_timeout_s (and the frame's deadline): a
+            # payload's size buys time to send it, not to start sending it
+            end = min(self._deadline, time.monotonic() + self.frame_timeout_s)
             while True:
-                self._check_deadline(wait=True)
-                if self._pollin().poll(0):
-                    return
+                left = end - time.monotonic()
+                try:
+                    if left > 0 and self._pollin().poll(max(1, int(left * 1000) + 1)):
+                        return
+                except InterruptedError:
+                    continue
+                except OSError as e:
+                    self._recv_failed(e, idle=False)
+                if time.monotonic() >= end:
+                    raise self._break(DeadlineExceeded(
+                        f"{self.peer} sent no byte of a payload it announced within {self.frame_timeout_s}s",
+                        peer=self.peer, reason="frame_timeout", timeout_s=self.frame_timeout_s))
         try:
             self._wait_readable()
         except Idle:

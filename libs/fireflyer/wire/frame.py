@@ -71,7 +71,7 @@ PREFIX = struct.Struct("<4sHHIQ")
 #: protocol maxima: no limits a reader is configured with may exceed these (header_len is a
 #: u32 and payload_len a u64 on the wire; nothing legitimate comes near either)
 MAX_HEADER_BYTES = 16 << 20
-MAX_PAYLOAD_BYTES = 1 << 40
+MAX_PAYLOAD_BYTES = 1 << 56
 
 
 class FrameLimits(msgspec.Struct, frozen=True, kw_only=True):
