@@ -46,6 +46,7 @@ from fireflyer.core.errors import (
     FireFlyerError,
     Internal,
     ProtocolError,
+    ResourceExhausted,
     Unauthenticated,
     Unavailable,
     error_from_dict,
@@ -68,6 +69,7 @@ from .frame import (
     hello_problem,
     parse_prefix,
 )
+from .server import principal_key
 
 __all__ = ["AioWireServer", "AioConnection", "AioRequest", "AioHandler", "FrameSplitter"]
 
@@ -147,20 +149,37 @@ class _ServerProtocol(asyncio.Protocol):
         self.backlog: collections.deque[tuple[Request, bytes]] = collections.deque()
         self.paused = False
         self._handshake_timer: asyncio.TimerHandle | None = None
+        #: armed while a frame is partly received: the frame must be whole before it fires
+        self._frame_timer: asyncio.TimerHandle | None = None
+        #: the per-user cap's key once authenticated (None: uncapped)
+        self.key: str | None = None
 
     # -- connection life ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.server._conns.add(self)
+        server = self.server
+        server._conns.add(self)
+        if len(server._conns) > server.max_connections:
+            log.info("wire.conn_refused", reason="node_limit", peer=self.peer, server=server.name,
+                     limit=server.max_connections)
+            self._close_with(ErrorFrame(rid=0, error=ResourceExhausted(
+                f"{server.name} has {server.max_connections} connections open, its limit; close idle connections "
+                f"or retry later", reason="node_limit", limit=server.max_connections, server=server.name).to_dict()))
+            return
         self._handshake_timer = asyncio.get_running_loop().call_later(
-            self.server.handshake_timeout_s, self._handshake_expired)
+            server.handshake_timeout_s, self._handshake_expired)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server._conns.discard(self)
+        if self.key is not None:
+            self.server._unkey(self.key)
+            self.key = None
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
+        if self._frame_timer is not None:
+            self._frame_timer.cancel()
         self.backlog.clear()
         for task in self.tasks:  # nobody is left to read their answers
             task.cancel()
@@ -182,12 +201,28 @@ class _ServerProtocol(asyncio.Protocol):
             self.transport.close()
 
     # -- frames -----------------------------------------------------------------------------
+    def _frame_expired(self) -> None:
+        self._frame_timer = None
+        if self.splitter.buffered:
+            self._reject(DeadlineExceeded(
+                f"{self.peer} did not complete a frame within {self.server.frame_timeout_s}s",
+                peer=self.peer, reason="frame_timeout", timeout_s=self.server.frame_timeout_s))
+
     def data_received(self, data: bytes) -> None:
         try:
             frames = self.splitter.feed(data)
         except ProtocolError as e:
             self._reject(e)
             return
+        timeout = self.server.frame_timeout_s
+        if timeout is not None:
+            # a frame that has started (bytes buffered) must be whole within the deadline; one
+            # completed here restarts it for the next
+            if self._frame_timer is not None and (frames or not self.splitter.buffered):
+                self._frame_timer.cancel()
+                self._frame_timer = None
+            if self.splitter.buffered and self._frame_timer is None:
+                self._frame_timer = asyncio.get_running_loop().call_later(timeout, self._frame_expired)
         for header, payload in frames:
             if self.transport is None or self.transport.is_closing():
                 return
@@ -217,6 +252,19 @@ class _ServerProtocol(asyncio.Protocol):
                                   server=self.server.name)
             self._close_with(ErrorFrame(rid=0, error=err.to_dict()))
             return
+        key = principal_key(principal)
+        if key is not None:
+            server = self.server
+            if server._per_user.get(key, 0) >= server.max_connections_per_user:
+                log.info("wire.conn_refused", reason="user_limit", peer=self.peer, user=key, server=server.name,
+                         limit=server.max_connections_per_user)
+                self._close_with(ErrorFrame(rid=0, error=ResourceExhausted(
+                    f"{key} has {server.max_connections_per_user} connections open to {server.name}, the per-user "
+                    f"limit; close idle connections or retry later", reason="user_limit", user=key,
+                    limit=server.max_connections_per_user, server=server.name).to_dict()))
+                return
+            server._per_user[key] = server._per_user.get(key, 0) + 1
+            self.key = key
         self.principal = principal
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
@@ -286,10 +334,19 @@ class AioWireServer:
 
     def __init__(self, handler: AioHandler, *, authenticate: Callable[[str], Any], host: str = "127.0.0.1",
                  port: int = 0, name: str = "wire-aio", limits: FrameLimits | None = None,
-                 handshake_timeout_s: float = 10.0, max_inflight: int = DEFAULT_MAX_INFLIGHT,
-                 trace_requests: bool = True) -> None:
+                 handshake_timeout_s: float = 5.0, max_inflight: int = DEFAULT_MAX_INFLIGHT,
+                 trace_requests: bool = True, frame_timeout_s: float | None = 5.0, max_connections: int = 1024,
+                 max_connections_per_user: int = 256) -> None:
         if max_inflight < 1:
             raise ValueError(f"max_inflight must be >= 1, got {max_inflight}")
+        if max_connections < 1 or max_connections_per_user < 1:
+            raise ValueError("max_connections and max_connections_per_user must be >= 1")
+        #: a frame whose first bytes arrived must be whole within this (None: no deadline)
+        self.frame_timeout_s = frame_timeout_s
+        #: connections open at once / authenticated ones of one user (see :class:`~.server.WireServer`)
+        self.max_connections = max_connections
+        self.max_connections_per_user = max_connections_per_user
+        self._per_user: dict[str, int] = {}
         self.handler = handler
         self.authenticate = authenticate
         self.host = host
@@ -317,6 +374,13 @@ class AioWireServer:
 
     def connection_count(self) -> int:
         return len(self._conns)
+
+    def _unkey(self, key: str) -> None:
+        left = self._per_user.get(key, 1) - 1
+        if left > 0:
+            self._per_user[key] = left
+        else:
+            self._per_user.pop(key, None)
 
     async def start(self) -> int:
         loop = asyncio.get_running_loop()

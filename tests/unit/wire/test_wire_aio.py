@@ -782,3 +782,53 @@ async def test_stop_closes_every_connection_and_refuses_new_ones(serve):
     with pytest.raises(Unavailable):
         await AioConnection.connect("127.0.0.1", port, token=TOKEN, timeout_s=2)
     await server.stop()  # a second stop is harmless
+
+
+# -- hostile peers (issue 48, point 6) ----------------------------------------------------------
+
+async def test_a_hello_with_a_payload_is_told_so(serve, raw_peer):
+    server = await serve(echo)
+    peer = await raw_peer(server.port)
+    await peer.send(frame(Hello(token=TOKEN), b"payload"))
+    header, _ = await peer.read_frame()
+    assert isinstance(header, ErrorFrame) and header.error["fields"]["reason"] == "hello_with_payload"
+    assert "carries no payload" in header.error["message"] and "got Hello" not in header.error["message"]
+    await peer.wait_closed()
+
+
+@pytest.mark.parametrize("cut", [7, PREFIX.size + 2, "payload"])
+async def test_a_truncated_frame_is_dropped_at_the_frame_deadline(cut, serve, raw_peer, wire_logs):
+    server = await serve(echo, frame_timeout_s=0.3)
+    peer = await raw_peer(server.port)
+    await peer.send(frame(Hello(token=TOKEN)))
+    assert isinstance((await peer.read_frame())[0], Welcome)
+    data = frame(Request(rid=1, op="echo"), b"x" * 100)
+    await peer.send(data[:-10] if cut == "payload" else data[:cut])
+    header, _ = await peer.read_frame(timeout_s=3)  # well before any idle timeout
+    assert isinstance(header, ErrorFrame) and header.error["fields"]["reason"] == "frame_timeout"
+    await peer.wait_closed(timeout_s=2)
+
+
+async def test_whole_frames_in_pieces_are_served_despite_the_deadline(serve, dial):
+    server = await serve(echo, frame_timeout_s=0.5)
+    conn = await dial(server)
+    for _ in range(3):
+        assert await conn.request("echo", payload=b"abc", timeout_s=2) == b"abc"
+
+
+async def test_connections_over_the_node_and_user_caps_are_refused(serve, raw_peer):
+    server = await serve(echo, max_connections=3, max_connections_per_user=1, handshake_timeout_s=30)
+    first = await raw_peer(server.port)
+    await first.send(frame(Hello(token=TOKEN)))
+    assert isinstance((await first.read_frame())[0], Welcome)
+    second = await raw_peer(server.port)
+    await second.send(frame(Hello(token=TOKEN)))
+    header, _ = await second.read_frame()
+    assert isinstance(header, ErrorFrame) and header.error["fields"]["reason"] == "user_limit"
+    await second.wait_closed()
+    await wait_for(lambda: server.connection_count() == 1, timeout_s=2, what="refused connection dropped")
+    others = [await raw_peer(server.port) for _ in range(2)]
+    header, _ = await (await raw_peer(server.port)).read_frame()
+    assert isinstance(header, ErrorFrame) and header.error["kind"] == "ResourceExhausted"
+    assert header.error["fields"]["reason"] == "node_limit"
+    assert len(others) == 2
