@@ -344,6 +344,7 @@ class Connection:
         if size == 0:
             view = _EMPTY
         elif pending.into is None:
+            fs.wait_payload()  # a size alone allocates nothing: only a payload that is arriving
             view = memoryview(bytearray(size))
         elif len(pending.into) < size:
             fs.discard(size)

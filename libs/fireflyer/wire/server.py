@@ -10,11 +10,17 @@
     ...
     server.stop()
 
-Connection life: the client's first frame must be ``hello`` with a bearer token, which
-``authenticate`` maps to a principal (anything; ``None`` rejects).  A rejected client gets an
-``error`` frame (Unauthenticated) and the connection is closed.  After that every frame is a
-``req``; the connection's thread reads its header and calls the handler, which may receive the
-payload into a buffer of its choosing (``recv_payload``) and reply (``reply``).
+Connection life: the client's first frame must be ``hello`` with a bearer token (and no
+payload), which ``authenticate`` maps to a principal (anything; ``None`` rejects).  Until then the
+connection has no thread: the accept thread reads the hellos of all new connections in one
+``selectors`` loop and closes those that take over ``handshake_timeout_s``.  A rejected client
+gets an ``error`` frame (Unauthenticated) and the connection is closed; one over the node's or its
+user's connection cap gets ``ResourceExhausted`` (see :class:`WireServer`).  After that every
+frame is a ``req``; the connection's own thread reads its header and calls the handler, which may
+receive the payload into a buffer of its choosing (``recv_payload``; without one, the server
+allocates it once the payload's first byte arrives, within its :class:`PayloadBudget`) and reply
+(``reply``).  A frame that has started must be whole within ``frame_timeout_s`` (plus its payload
+at ``min_payload_rate``).
 
 What the server does for the handler, so handlers stay short:
 
