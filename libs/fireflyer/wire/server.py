@@ -195,7 +195,8 @@ class PayloadBudget:
     """Bytes that request payloads received into server-allocated buffers may hold at once.
 
     A request leases its payload's size before the buffer is allocated and returns it when
-    its handler is done (a deferred one: when it replies).  A lease that does not fit waits up
+    its handler returns (a handler that ``defer()`` s and keeps the buffer past that is not
+    counted any longer: no handler of the storage node defers).  A lease that does not fit waits up
     to ``wait_s`` for others to end, then fails with ``ResourceExhausted``; one lease larger
     than the whole budget is granted when nothing else is held (so any payload the frame
     limits allow can still be served, one at a time).
