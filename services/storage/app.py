@@ -211,7 +211,8 @@ class StorageService(Service):
 
         if settings.auth.enabled:
             assert settings.auth.tokens_file  # the runtime checked it
-            authenticate = TokenStore.from_file(settings.auth.tokens_file).lookup
+            # follows the file (ff admin users add/revoke); a revoked or expired token is refused saying so
+            authenticate = TokenStore.watch(settings.auth.tokens_file).authenticate
         else:
             def authenticate(token: str) -> Any:
                 return ANONYMOUS_ADMIN

@@ -133,6 +133,10 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             return auth._ANONYMOUS
         if not header:
             raise Unauthenticated(f"no bearer token on {m.name}: {_HOW_TO_GET_A_TOKEN}", method=m.name)
+        why = self.tokens.rejection(token.strip()) if scheme.lower() == "bearer" else None
+        if why is not None:  # a known token, revoked or past its expiry
+            raise Unauthenticated(f"{why}; refused on {m.name}: ask an admin for a new token (ff admin users add)",
+                                  method=m.name, reason="revoked" if "revoked" in why else "expired")
         # never echo the token: it may be a real secret meant for another cluster
         raise Unauthenticated(f"unknown bearer token on {m.name}: {_HOW_TO_GET_A_TOKEN}", method=m.name)
 

@@ -205,6 +205,8 @@ class _ServerProtocol(asyncio.Protocol):
             return
         try:
             principal = self.server.authenticate(header.token)
+        except Unauthenticated as e:  # the authenticator says why (revoked, expired)
+            principal, why = None, str(e)
         except Exception as e:  # an authenticator bug rejects the client, it does not crash the loop
             log.exception("wire.auth_failed", peer=self.peer)
             principal, why = None, f"authenticator failed: {type(e).__name__}"

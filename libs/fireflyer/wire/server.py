@@ -233,6 +233,8 @@ class _ServerConn:
                                 reason="expected_hello")
         try:
             principal = server.authenticate(header.token)
+        except Unauthenticated as e:  # the authenticator says why (revoked, expired)
+            principal, why = None, str(e)
         except Exception as e:  # an authenticator bug rejects, it does not crash the thread
             log.exception("wire.auth_failed", peer=fs.peer)
             principal, why = None, f"authenticator failed: {type(e).__name__}"
