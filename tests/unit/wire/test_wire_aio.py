@@ -782,3 +782,13 @@ async def test_stop_closes_every_connection_and_refuses_new_ones(serve):
     with pytest.raises(Unavailable):
         await AioConnection.connect("127.0.0.1", port, token=TOKEN, timeout_s=2)
     await server.stop()  # a second stop is harmless
+
+
+async def test_an_authenticator_that_says_why_is_quoted_to_the_client(serve, dial):
+    def expired(token: str) -> str:
+        raise Unauthenticated("the token of user 'bob' expired at 2026-12-04T08:00:00Z")
+
+    server = await serve(echo, authenticate=expired)
+    with pytest.raises(Unauthenticated) as ei:
+        await dial(server)
+    assert "user 'bob' expired at" in str(ei.value) and "authenticator failed" not in str(ei.value)

@@ -143,3 +143,13 @@ def test_an_authenticator_that_raises_rejects_without_crashing(wire_server, conn
     server = wire_server(lambda req: None, authenticate=boom)
     with pytest.raises(Unauthenticated):
         connect(server)
+
+
+def test_an_authenticator_that_says_why_is_quoted_to_the_client(wire_server, connect):
+    """A token store refuses a revoked or expired token with Unauthenticated naming the reason."""
+    def revoked(token: str) -> str:
+        raise Unauthenticated("the token of user 'bob' was revoked at 2026-12-04T08:00:00Z")
+
+    server = wire_server(lambda req: None, authenticate=revoked)
+    with pytest.raises(Unauthenticated, match="user 'bob' was revoked"):
+        connect(server)
