@@ -11,7 +11,12 @@ caller's :class:`Principal` in a context variable::
 Roles are ``user`` and ``admin``; admin implies user.  The token file that
 ``ff up`` writes (``<state_dir>/tokens.json``, mode 0600) looks like::
 
-    {"tokens": [{"token": "...", "user": "admin", "roles": ["admin"]}, ...]}
+    {"tokens": [{"token": "...", "user": "admin", "roles": ["admin"]},
+                {"token_sha256": "<hex>", "user": "bob", "roles": ["user"],
+                 "expires_at": "2027-03-04T08:12:42Z", "revoked": false}, ...]}
+
+(``docs/tokens.md`` has every field).  Services load it with :meth:`TokenStore.watch`, which
+re-reads it when it changes, so ``ff admin users add|revoke`` needs no restart.
 """
 
 from __future__ import annotations
