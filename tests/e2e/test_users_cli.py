@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from fireflyer.core.errors import Unauthenticated
+from fireflyer.fs import connect
 from fireflyer.testing.cluster import LocalCluster, run_ff, started_cluster
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
@@ -107,6 +109,10 @@ def test_added_user_works_at_once_and_revoked_or_expired_ones_are_refused(cluste
     assert ls.returncode == 0 and token not in ls.stdout
     assert [r["state"] for r in json.loads(ls.stdout) if r["user"] == "bob"] == ["active"]
 
+    # a connection opened before the revocation (meta's wire endpoint, as fireflyer.fs uses it)
+    fs = connect(state_dir=cluster.state_dir, token=token)
+    fs.stat("/home/bob")  # answered over the open connection
+
     assert _users(cluster, "revoke", "bob").returncode == 0
 
     def bob_refused_everywhere() -> tuple[bool, str]:
@@ -116,6 +122,18 @@ def test_added_user_works_at_once_and_revoked_or_expired_ones_are_refused(cluste
 
     took = _poll(bob_refused_everywhere, "meta, mgmtd and checkpoint refuse the revoked user")
     print(f"bob refused after {took:.1f}s")
+
+    def open_connection_refused() -> tuple[bool, str]:
+        try:
+            fs.stat("/home/bob")
+        except Unauthenticated as e:
+            return "revoked" in str(e), str(e)
+        return False, "stat still answered"
+
+    try:
+        _poll(open_connection_refused, "the connection opened before the revocation refuses bob")
+    finally:
+        fs.close()
 
     # an expired token: added with a 3 s life, accepted, then refused saying it expired
     res = _users(cluster, "add", "erin", "--expires-in", "3s")

@@ -67,6 +67,7 @@ from .frame import (
     encode_head,
     parse_prefix,
 )
+from .reauth import Reauth
 
 __all__ = ["AioWireServer", "AioConnection", "AioRequest", "AioHandler", "FrameSplitter"]
 
@@ -141,6 +142,7 @@ class _ServerProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.principal: Any = None
+        self.reauth: Reauth | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         #: requests read while ``max_inflight`` were running: started as running ones finish
         self.backlog: collections.deque[tuple[Request, bytes]] = collections.deque()
@@ -219,6 +221,7 @@ class _ServerProtocol(asyncio.Protocol):
             self._close_with(ErrorFrame(rid=0, error=err.to_dict()))
             return
         self.principal = principal
+        self.reauth = Reauth(self.server.authenticate, header.token, server=self.server.name)
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
@@ -266,6 +269,9 @@ class _ServerProtocol(asyncio.Protocol):
             self.transport.write(_frame(*frame))
 
     async def _call(self, req: AioRequest) -> tuple[Header, bytes]:
+        refused = self.reauth.check() if self.reauth is not None else None
+        if refused is not None:  # revoked or expired since the hello
+            return ErrorFrame(rid=req.rid, error=refused.to_dict()), b""
         try:
             out = await self.server.handler(req)
         except FireFlyerError as e:

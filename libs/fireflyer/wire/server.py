@@ -61,6 +61,7 @@ from fireflyer.telemetry import extract, tracer
 
 from .conn import FileRegion, FramedSocket, Idle, Part, PeerClosed, as_bytes_view, set_io_timeout, tune_socket
 from .frame import ErrorFrame, FrameLimits, Hello, Request, Response, Welcome, crc32
+from .reauth import Reauth
 
 __all__ = ["WireServer", "ServerRequest", "Handler", "Authenticate"]
 
@@ -184,6 +185,7 @@ class _ServerConn:
         tune_socket(sock, io_timeout_s=server.io_timeout_s, buf_bytes=server.buf_bytes)
         self.fs = FramedSocket(sock, peer=peer, limits=server.limits, io_timeout_s=server.io_timeout_s)
         self.principal: Any = None
+        self.reauth: Reauth | None = None
         self.thread = threading.Thread(target=self._run, name=f"wire-conn-{peer}", daemon=True)
 
     def _run(self) -> None:
@@ -248,6 +250,7 @@ class _ServerConn:
             fs.send_error_and_close(ErrorFrame(rid=0, error=err.to_dict()))
             return False
         self.principal = principal
+        self.reauth = Reauth(server.authenticate, header.token, server=server.name)
         with fs.send_lock:
             fs.send_frame(Welcome(principal=str(principal), server=server.name))
         set_io_timeout(fs.sock, server.io_timeout_s)
@@ -257,7 +260,10 @@ class _ServerConn:
     def _serve(self, header: Request, size: int) -> None:
         fs = self.fs
         req = ServerRequest(self, header, size)
-        if not self.server.trace_requests or not header.trace:
+        err: FireFlyerError | None = self.reauth.check() if self.reauth is not None else None
+        if err is not None:  # revoked or expired since the hello: refuse, payload discarded below
+            pass
+        elif not self.server.trace_requests or not header.trace:
             err = self._call(req)
         else:
             err = self._call_traced(req, header, size)
