@@ -238,28 +238,33 @@ class TokenStore:
             return None
         return rec.principal
 
-    def rejection(self, token: str, *, now: float | None = None) -> str | None:
-        """Why a known token is refused (``"the token of user 'bob' was revoked at ..."``), else None."""
+    def refusal(self, token: str, *, now: float | None = None) -> tuple[str, str] | None:
+        """(``"revoked"`` or ``"expired"``, why) for a known token that is refused, else None."""
         rec = self._table().get(_digest(token)) if token else None
         if rec is None:
             return None
         state = token_state(revoked=rec.revoked, expires_at=rec.expires_at, now=time.time() if now is None else now)
         if state == "revoked":
             at = f" at {_iso(rec.revoked_at)}" if rec.revoked_at else ""
-            return f"the token of user {rec.principal.user!r} was revoked{at}"
+            return state, f"the token of user {rec.principal.user!r} was revoked{at}"
         if state == "expired":
-            return f"the token of user {rec.principal.user!r} expired at {_iso(rec.expires)}"
+            return state, f"the token of user {rec.principal.user!r} expired at {_iso(rec.expires)}"
         return None
+
+    def rejection(self, token: str, *, now: float | None = None) -> str | None:
+        """Why a known token is refused (``"the token of user 'bob' was revoked at ..."``), else None."""
+        found = self.refusal(token, now=now)
+        return found[1] if found else None
 
     def authenticate(self, token: str) -> Principal | None:
         """For a wire server's ``authenticate``: the principal, None for an unknown token, and
         Unauthenticated saying so for an expired or revoked one."""
         found = self.lookup(token)
         if found is None:
-            why = self.rejection(token)
-            if why is not None:
-                raise Unauthenticated(f"{why}: ask an admin for a new one (ff admin users add)",
-                                      reason="revoked" if "revoked" in why else "expired")
+            refused = self.refusal(token)
+            if refused is not None:
+                raise Unauthenticated(f"{refused[1]}: ask an admin for a new one (ff admin users add)",
+                                      reason=refused[0])
         return found
 
     def __len__(self) -> int:

@@ -224,3 +224,12 @@ async def test_a_server_accepts_an_added_user_and_refuses_them_once_revoked(tmp_
             await _poll(erin_expired, timeout_s=10, what="the expired token refused")
     finally:
         await server.stop(0)
+
+
+def test_refusal_names_the_state_whatever_the_user_is_called() -> None:
+    past = 1_000_000_000.0
+    store = TokenStore.from_entries([TokenEntry(token="t", user="revoked_bob", expires_at=_at(past))])
+    assert store.refusal("t") == ("expired", "the token of user 'revoked_bob' expired at 2001-09-09T01:46:40Z")
+    with pytest.raises(Unauthenticated) as info:
+        store.authenticate("t")
+    assert info.value.fields["reason"] == "expired"
