@@ -59,8 +59,12 @@ def valid_user_name(name: str) -> bool:
 
 
 def parse_duration(text: str) -> float:
-    """``"90d"``, ``"12h"``, ``"1h30m"``, ``"45s"``, ``"2w"`` -> seconds (> 0)."""
+    """``"90d"``, ``"12h"``, ``"1h30m"``, ``"45s"``, ``"2w"``, or plain seconds (``"3600"``) -> seconds (> 0)."""
     s = text.strip().lower()
+    with contextlib.suppress(ValueError):
+        plain = float(s)
+        if plain > 0 and plain != float("inf"):
+            return plain
     pos, total = 0, 0.0
     for m in _DURATION.finditer(s):
         if m.start() != pos:
@@ -68,7 +72,7 @@ def parse_duration(text: str) -> float:
         total += float(m.group(1)) * _UNIT_S[m.group(2)]
         pos = m.end()
     if not s or pos != len(s) or total <= 0:
-        raise InvalidArgument(f"bad duration {text!r}: use a number with s, m, h, d or w, e.g. 90d, 12h, 1h30m",
+        raise InvalidArgument(f"bad duration {text!r}: use seconds or a number with s, m, h, d or w, e.g. 3600, 90d, 12h, 1h30m",
                               value=text, field="expires_in")
     return total
 

@@ -138,7 +138,7 @@ async def serve(service: Service, *, stop: asyncio.Event | None = None,
                 "<state_dir>/tokens.json) or disable auth with FF_AUTH_ENABLED=false for local experiments",
                 key="auth.tokens_file", expected="path")
         # follows the file: users added or revoked (ff admin users) count within about a second
-        tokens = TokenStore.watch(settings.auth.tokens_file)
+        tokens = TokenStore.watch(settings.auth.tokens_file, interval_s=settings.auth.reload_interval_s)
 
     bus: Bus | None = None
     if service.uses_bus and settings.nats.url:

@@ -37,12 +37,13 @@ def _at(ts: float) -> datetime.datetime:
 
 
 @pytest.mark.parametrize("text, seconds", [("45s", 45), ("90m", 5400), ("12h", 43200), ("90d", 90 * 86400),
-                                           ("2w", 14 * 86400), ("1h30m", 5400), ("1.5h", 5400)])
+                                           ("2w", 14 * 86400), ("1h30m", 5400), ("1.5h", 5400),
+                                           ("3600", 3600), ("0.5", 0.5)])
 def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "10", "h", "0s", "5x", "1h 30m", "-5m", "1h30"])
+@pytest.mark.parametrize("text", ["", "0", "-10", "inf", "nan", "h", "0s", "5x", "1h 30m", "-5m", "1h30"])
 def test_parse_duration_refuses(text: str) -> None:
     with pytest.raises(InvalidArgument, match="bad duration"):
         parse_duration(text)
