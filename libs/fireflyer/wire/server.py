@@ -260,13 +260,13 @@ class _ServerConn:
     def _serve(self, header: Request, size: int) -> None:
         fs = self.fs
         req = ServerRequest(self, header, size)
+        # a token revoked or expired since the hello is refused (the payload is discarded below)
         err: FireFlyerError | None = self.reauth.check() if self.reauth is not None else None
-        if err is not None:  # revoked or expired since the hello: refuse, payload discarded below
-            pass
-        elif not self.server.trace_requests or not header.trace:
-            err = self._call(req)
-        else:
-            err = self._call_traced(req, header, size)
+        if err is None:
+            if not self.server.trace_requests or not header.trace:
+                err = self._call(req)
+            else:
+                err = self._call_traced(req, header, size)
         if fs.broken:
             # the handler's receive or reply broke the stream (truncated, stalled, reset)
             raise fs.failure or Unavailable(f"connection to {fs.peer} broke", peer=fs.peer)
