@@ -188,3 +188,14 @@ def test_clients_and_ff_up_skip_hashed_expired_and_revoked_entries(tmp_path) -> 
     assert out.tokens[:3] == [ADMIN, hashed, revoked_me]
     assert len(out.tokens) == 4 and out.for_role("user") == out.tokens[3]
     assert read_tokens(path) == out
+
+
+def test_ff_up_makes_homes_only_with_tokens_it_holds() -> None:
+    """``ff up`` asks meta WhoAmI with each user token it can send; an added (hashed) user gets
+    the home on first use instead, and a revoked or expired one not at all."""
+    from fireflyer.cluster.homes import home_users
+
+    hashed = TokenEntry(token_sha256="b" * 64, user="bob")
+    gone = TokenEntry(token="old", user="carol", revoked=True)
+    late = TokenEntry(token="late", user="dave", expires_at=_at(1_000_000_000))
+    assert home_users([ADMIN, ME, hashed, gone, late]) == [ME]
