@@ -226,7 +226,9 @@ class StorageService(Service):
 
         if settings.auth.enabled:
             assert settings.auth.tokens_file  # the runtime checked it
-            authenticate = TokenStore.from_file(settings.auth.tokens_file).lookup
+            # follows the file (ff admin users add/revoke); a revoked or expired token is refused saying so
+            authenticate = TokenStore.watch(settings.auth.tokens_file,
+                                            interval_s=settings.auth.reload_interval_s).authenticate
         else:
             def authenticate(token: str) -> Any:
                 return ANONYMOUS_ADMIN

@@ -6,6 +6,9 @@
                          [--table-id 1]
     ff admin create-chain-table --table-id 1 --chains 1,2,3 [--desc "..."]
     ff admin offline-target 102
+    ff admin users add NAME [--role user|admin] [--expires-in 90d | --expires 2027-01-31T00:00:00Z]
+    ff admin users ls [--json]
+    ff admin users revoke NAME
 
 Targets are ``ID`` or ``ID@NODE``; the node may be left out for targets a storage node
 already reported in its heartbeats.  ``init-chains`` cuts the target list, in order,
@@ -158,12 +161,63 @@ async def _run(ns: argparse.Namespace, addresses: list[str], token: str) -> int:
     return 0
 
 
+def _users(ns: argparse.Namespace) -> int:
+    """``ff admin users``: edits the cluster's tokens file (no mgmtd call; see fireflyer.cluster.users)."""
+    import time
+
+    import msgspec
+
+    from fireflyer.cluster import users
+
+    if not ns.users_command:
+        ns.users_parser.print_help()
+        return 2
+    path = Path(ns.tokens_file) if ns.tokens_file else users.tokens_path(ns.state_dir)
+    if ns.users_command == "add":
+        expires = None
+        if ns.expires_in is not None:
+            expires = users.parse_time_after(time.time(), users.parse_duration(ns.expires_in))
+        elif ns.expires is not None:
+            expires = users.parse_time(ns.expires)
+        token, entry = users.add_user(path, ns.name, role=ns.user_role, expires_at=expires)
+        if ns.json or ns.users_json:
+            row = users.user_rows([entry], now=time.time())[0]
+            print(msgspec.json.encode({**msgspec.structs.asdict(row), "token": token}).decode())
+        else:
+            until = f", expires {users.user_rows([entry], now=time.time())[0].expires_at}" if expires else ""
+            print(f"added user {ns.name} (role {ns.user_role}{until}); its token, shown only now:")
+            print(token)
+            print(f"hand it over as FF_TOKEN; services accept it within a few seconds ({path})", file=sys.stderr)
+        return 0
+    if ns.users_command == "revoke":
+        n = users.revoke_user(path, ns.name)
+        print(f"revoked {n} token{'s' if n != 1 else ''} of user {ns.name}; services refuse "
+              f"{'them' if n != 1 else 'it'} within a few seconds")
+        return 0
+    rows = users.list_users(path)
+    if ns.json or ns.users_json:
+        print(msgspec.json.encode(rows).decode())
+        return 0
+    fmt = "{:<16} {:<12} {:<21} {:<21} {}"
+    print(fmt.format("USER", "ROLES", "CREATED", "EXPIRES", "STATE"))
+    for r in rows:
+        state = f"revoked {r.revoked_at}" if r.state == "revoked" and r.revoked_at else r.state
+        print(fmt.format(r.user, ",".join(r.roles), r.created_at or "-", r.expires_at or "never", state))
+    return 0
+
+
 def _cmd(ns: argparse.Namespace) -> int:
     from fireflyer.core.errors import FireFlyerError
 
     if not ns.admin_command:
         ns.admin_parser.print_help()
         return 2
+    if ns.admin_command == "users":
+        try:
+            return _users(ns)
+        except FireFlyerError as e:
+            print(f"ff admin users: {e.code}: {e}", file=sys.stderr)
+            return 1
     addresses, token = resolve_mgmtd(ns.state_dir, address=ns.address, token=ns.token, role=ns.role)
     try:
         return asyncio.run(_run(ns, addresses, token))
@@ -200,4 +254,22 @@ def register(subparsers: Any) -> None:
     ct.add_argument("--desc", default="")
     ot = sub.add_parser("offline-target", help="take a target out of service (forces a resync)")
     ot.add_argument("target", type=int)
+    us = sub.add_parser("users", help="add, list and revoke users (the cluster's tokens file; no restart)",
+                        description="Edit the tokens file of the cluster (--state-dir); services pick the "
+                                    "change up within a few seconds.")
+    us.add_argument("--tokens-file", default=None, metavar="PATH",
+                    help="the tokens file to edit (default: the one of the state dir's cluster)")
+    usub = us.add_subparsers(dest="users_command", metavar="ACTION")
+    ua = usub.add_parser("add", help="add a user; prints its new token once")
+    ua.add_argument("name")
+    ua.add_argument("--role", dest="user_role", choices=["user", "admin"], default="user")
+    ux = ua.add_mutually_exclusive_group()
+    ux.add_argument("--expires-in", default=None, metavar="DURATION", help="e.g. 90d, 12h, 1h30m (default: never)")
+    ux.add_argument("--expires", default=None, metavar="AT", help="RFC 3339 time, e.g. 2027-01-31T00:00:00Z")
+    ua.add_argument("--json", dest="users_json", action="store_true", help="one JSON object (with the token)")
+    ul = usub.add_parser("ls", help="list users: name, roles, created, expiry, state (never the tokens)")
+    ul.add_argument("--json", dest="users_json", action="store_true", help="print JSON instead of a table")
+    ur = usub.add_parser("revoke", help="revoke every active token of a user")
+    ur.add_argument("name")
+    us.set_defaults(users_parser=us, users_json=False)
     p.set_defaults(func=_cmd, admin_parser=p)

@@ -10,6 +10,7 @@ the tokens file later get theirs on first use the same way.  The step never fail
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from fireflyer.rpc import TokenEntry
@@ -18,8 +19,11 @@ __all__ = ["home_users", "make_homes", "homes_line"]
 
 
 def home_users(tokens: Sequence[TokenEntry]) -> list[TokenEntry]:
-    """The entries granted the ``user`` role (an admin-only token has no home made for it)."""
-    return [t for t in tokens if "user" in t.roles]
+    """The entries granted the ``user`` role (an admin-only token has no home made for it) whose
+    token ``ff up`` holds: plain (a hashed one's user gets the home on first use), not revoked
+    or expired."""
+    now = time.time()
+    return [t for t in tokens if "user" in t.roles and t.token and t.state(now) == "active"]
 
 
 async def make_homes(meta: Sequence[str], entries: Sequence[TokenEntry], *, timeout_s: float = 10.0) -> list[str]:

@@ -18,13 +18,14 @@ import contextlib
 import fcntl
 import getpass
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 
 from fireflyer.core.errors import FailedPrecondition, FireFlyerError, SettingsError
-from fireflyer.rpc.auth import TokenEntry, generate_token, write_tokens_file
+from fireflyer.rpc.auth import TokenEntry, generate_token, validate_entries, write_tokens_file
 
 __all__ = [
     "NatsRecord",
@@ -165,12 +166,17 @@ class TokensFile(msgspec.Struct, frozen=True):
     tokens: list[TokenEntry]
 
     def for_role(self, role: str) -> TokenEntry | None:
-        return next((t for t in self.tokens if role in t.roles), None)
+        """The first entry with ``role`` that a client can use: a plain ``token`` (not a hash),
+        neither revoked nor expired."""
+        now = time.time()
+        return next((t for t in self.tokens if role in t.roles and t.token and t.state(now) == "active"), None)
 
 
 def read_tokens(path: Path) -> TokensFile:
     try:
-        return msgspec.json.decode(path.read_bytes(), type=TokensFile)
+        tf = msgspec.json.decode(path.read_bytes(), type=TokensFile)
+        validate_entries(tf.tokens, source=str(path))
+        return tf
     except FileNotFoundError as e:
         raise SettingsError(f"tokens file {path} does not exist (ff up writes it)", key="auth.tokens_file",
                             source=str(path)) from e
@@ -187,6 +193,7 @@ def _local_user() -> str:
 
 def ensure_tokens(path: Path) -> TokensFile:
     """Keep a valid tokens file (clients may hold its tokens); otherwise write a fresh one, mode 0600."""
+    entries: list[TokenEntry] = []
     if path.exists():
         try:
             existing = read_tokens(path)
@@ -195,10 +202,13 @@ def ensure_tokens(path: Path) -> TokensFile:
         if existing is not None and existing.for_role("admin") and existing.for_role("user"):
             os.chmod(path, 0o600)
             return existing
-    entries = [
-        TokenEntry(token=generate_token(), user="admin", roles=["admin"]),
-        TokenEntry(token=generate_token(), user=_local_user(), roles=["user"]),
-    ]
+        if existing is not None:
+            # keep the users added with ff admin users; only the missing entries are made new
+            entries = list(existing.tokens)
+    if not TokensFile(entries).for_role("admin"):
+        entries.append(TokenEntry(token=generate_token(), user="admin", roles=["admin"]))
+    if not TokensFile(entries).for_role("user"):
+        entries.append(TokenEntry(token=generate_token(), user=_local_user(), roles=["user"]))
     write_tokens_file(path, entries)
     return TokensFile(entries)
 

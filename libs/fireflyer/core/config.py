@@ -58,6 +58,8 @@ class AuthSettings(msgspec.Struct, frozen=True, kw_only=True):
     tokens_file: str | None = None
     #: when False every call runs as an anonymous admin (single-user dev only)
     enabled: bool = True
+    #: how often (at most) a service stats the tokens file to pick up ``ff admin users`` changes
+    reload_interval_s: float = 1.0
 
 
 class TelemetrySettings(msgspec.Struct, frozen=True, kw_only=True):

@@ -137,7 +137,8 @@ async def serve(service: Service, *, stop: asyncio.Event | None = None,
                 "auth is enabled but no tokens file is set: set FF_AUTH_TOKENS_FILE (ff up writes "
                 "<state_dir>/tokens.json) or disable auth with FF_AUTH_ENABLED=false for local experiments",
                 key="auth.tokens_file", expected="path")
-        tokens = TokenStore.from_file(settings.auth.tokens_file)
+        # follows the file: users added or revoked (ff admin users) count within about a second
+        tokens = TokenStore.watch(settings.auth.tokens_file, interval_s=settings.auth.reload_interval_s)
 
     bus: Bus | None = None
     if service.uses_bus and settings.nats.url:

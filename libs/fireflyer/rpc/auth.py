@@ -11,26 +11,35 @@ caller's :class:`Principal` in a context variable::
 Roles are ``user`` and ``admin``; admin implies user.  The token file that
 ``ff up`` writes (``<state_dir>/tokens.json``, mode 0600) looks like::
 
-    {"tokens": [{"token": "...", "user": "admin", "roles": ["admin"]}, ...]}
+    {"tokens": [{"token": "...", "user": "admin", "roles": ["admin"]},
+                {"token_sha256": "<hex>", "user": "bob", "roles": ["user"],
+                 "expires_at": "2027-03-04T08:12:42Z", "revoked": false}, ...]}
+
+(``docs/tokens.md`` has every field).  Services load it with :meth:`TokenStore.watch`, which
+re-reads it when it changes, so ``ff admin users add|revoke`` needs no restart.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import datetime
 import functools
 import hashlib
 import inspect
 import os
+import re
 import secrets
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
 
-from fireflyer.core.errors import FireFlyerError, Internal, PermissionDenied, SettingsError
+from fireflyer.core.errors import FireFlyerError, Internal, PermissionDenied, SettingsError, Unauthenticated
 
 __all__ = [
     "ROLES",
@@ -38,6 +47,14 @@ __all__ = [
     "ANONYMOUS_ADMIN",
     "TokenEntry",
     "TokenStore",
+    "ReloadingTokenStore",
+    "FileSig",
+    "file_sig",
+    "reload_due",
+    "should_reload",
+    "token_state",
+    "read_token_entries",
+    "validate_entries",
     "generate_token",
     "write_tokens_file",
     "current_principal",
@@ -68,10 +85,48 @@ ANONYMOUS_ADMIN = Principal("anonymous", frozenset({"admin", "user"}))
 _ANONYMOUS = Principal("anonymous", frozenset())
 
 
-class TokenEntry(msgspec.Struct, frozen=True, kw_only=True):
-    token: str
+class TokenEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One entry of a tokens file (``docs/tokens.md``).
+
+    The secret is either ``token`` (plain, as ``ff up`` writes its admin and local-user entries,
+    which clients read back) or ``token_sha256`` (its SHA-256 in hex, as ``ff admin users add``
+    writes it: the secret is printed once and never stored).  ``expires_at`` absent means never;
+    a ``revoked`` entry stays in the file (``ff admin users ls`` shows it) but authenticates no one.
+    """
+
+    token: str = ""
+    token_sha256: str = ""
     user: str
     roles: list[str] = msgspec.field(default_factory=lambda: ["user"])
+    created_at: datetime.datetime | None = None
+    expires_at: datetime.datetime | None = None
+    revoked: bool = False
+    revoked_at: datetime.datetime | None = None
+
+    def digest(self) -> bytes:
+        return _digest(self.token) if self.token else bytes.fromhex(self.token_sha256)
+
+    def state(self, now: float) -> str:
+        """``"active"``, ``"revoked"`` or ``"expired"`` at wall-clock time ``now`` (seconds)."""
+        return token_state(revoked=self.revoked, expires_at=_ts(self.expires_at), now=now)
+
+
+def token_state(*, revoked: bool, expires_at: float | None, now: float) -> str:
+    """Whether a token works at ``now``: revoked beats expired; an expiry is exclusive
+    (a token that expires at T is refused at T)."""
+    if revoked:
+        return "revoked"
+    if expires_at is not None and now >= expires_at:
+        return "expired"
+    return "active"
+
+
+def _ts(when: datetime.datetime | None) -> float | None:
+    return None if when is None else when.timestamp()
+
+
+def _iso(when: datetime.datetime | None) -> str:
+    return "-" if when is None else when.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class _TokenFile(msgspec.Struct):
@@ -84,50 +139,219 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
-class TokenStore:
-    """Maps bearer tokens to principals; immutable once built."""
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
-    def __init__(self, principals: Mapping[bytes, Principal], *, source: str = "<entries>") -> None:
-        self._by_digest = dict(principals)
+
+class _Record(msgspec.Struct, frozen=True):
+    principal: Principal
+    expires_at: float | None
+    revoked: bool
+    revoked_at: datetime.datetime | None
+    expires: datetime.datetime | None
+
+
+def validate_entries(entries: Iterable[TokenEntry | Mapping[str, Any]], *, source: str = "<entries>"
+                     ) -> dict[bytes, _Record]:
+    """Check a file's entries (the rules of docs/tokens.md) and key them by token digest."""
+    by_digest: dict[bytes, _Record] = {}
+    for i, raw in enumerate(entries):
+        entry = raw if isinstance(raw, TokenEntry) else msgspec.convert(dict(raw), TokenEntry)
+        where = f"{source} entry {i}"
+        if not entry.user:
+            raise SettingsError(f"{where}: user must be non-empty", key="tokens", source=source)
+        if bool(entry.token) == bool(entry.token_sha256):
+            raise SettingsError(f"{where} (user {entry.user}): give exactly one non-empty token or token_sha256",
+                                key="tokens", source=source)
+        if entry.token_sha256 and not _HEX64.fullmatch(entry.token_sha256):
+            raise SettingsError(f"{where} (user {entry.user}): token_sha256 must be 64 lower-case hex digits",
+                                key="tokens.token_sha256", expected="sha256 hex", source=source)
+        unknown = set(entry.roles) - ROLES
+        if unknown:
+            raise SettingsError(f"{where}: unknown roles {sorted(unknown)} (known: user, admin)",
+                                key="tokens.roles", expected="user|admin", source=source)
+        for name in ("created_at", "expires_at", "revoked_at"):
+            when = getattr(entry, name)
+            if when is not None and when.tzinfo is None:
+                raise SettingsError(f"{where} (user {entry.user}): {name} {when.isoformat()} has no time zone "
+                                    "(write it as RFC 3339 with Z or an offset, e.g. 2027-01-31T00:00:00Z)",
+                                    key=f"tokens.{name}", expected="RFC 3339 time with zone", source=source)
+        digest = entry.digest()
+        if digest in by_digest:
+            raise SettingsError(f"{where}: duplicate token (user {entry.user})", key="tokens", source=source)
+        by_digest[digest] = _Record(Principal(entry.user, frozenset(entry.roles)), _ts(entry.expires_at),
+                                    entry.revoked, entry.revoked_at, entry.expires_at)
+    return by_digest
+
+
+def read_token_entries(path: str | os.PathLike[str]) -> list[TokenEntry]:
+    """The entries of a tokens file (decoded and checked); SettingsError naming the file otherwise."""
+    p = Path(path)
+    try:
+        data = msgspec.json.decode(p.read_bytes(), type=_TokenFile)
+    except FileNotFoundError:
+        raise SettingsError(f"tokens file {p} does not exist (ff up writes <state_dir>/tokens.json)",
+                            key="auth.tokens_file", expected="path", source=str(p)) from None
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise SettingsError(f"tokens file {p} is malformed: {e} (expected "
+                            '{"tokens": [{"token": ..., "user": ..., "roles": [...]}]})',
+                            key="auth.tokens_file", expected="tokens JSON", source=str(p)) from None
+    validate_entries(data.tokens, source=str(p))
+    return data.tokens
+
+
+class TokenStore:
+    """Maps bearer tokens to principals.
+
+    A token that is revoked or past its ``expires_at`` maps to no one (:meth:`lookup` is None)
+    and :meth:`rejection` says why.  :meth:`watch` builds one that follows its file.
+    """
+
+    def __init__(self, principals: Mapping[bytes, Principal | _Record], *, source: str = "<entries>") -> None:
+        self._by_digest: dict[bytes, _Record] = {
+            k: v if isinstance(v, _Record) else _Record(v, None, False, None, None) for k, v in principals.items()}
         self.source = source
 
     @classmethod
     def from_entries(cls, entries: Iterable[TokenEntry | Mapping[str, Any]], *, source: str = "<entries>") -> TokenStore:
-        by_digest: dict[bytes, Principal] = {}
-        for i, raw in enumerate(entries):
-            entry = raw if isinstance(raw, TokenEntry) else msgspec.convert(dict(raw), TokenEntry)
-            where = f"{source} entry {i}"
-            if not entry.token or not entry.user:
-                raise SettingsError(f"{where}: token and user must be non-empty", key="tokens", source=source)
-            unknown = set(entry.roles) - ROLES
-            if unknown:
-                raise SettingsError(f"{where}: unknown roles {sorted(unknown)} (known: user, admin)",
-                                    key="tokens.roles", expected="user|admin", source=source)
-            digest = _digest(entry.token)
-            if digest in by_digest:
-                raise SettingsError(f"{where}: duplicate token (user {entry.user})", key="tokens", source=source)
-            by_digest[digest] = Principal(entry.user, frozenset(entry.roles))
-        return cls(by_digest, source=source)
+        return cls(validate_entries(entries, source=source), source=source)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> TokenStore:
-        p = Path(path)
-        try:
-            data = msgspec.json.decode(p.read_bytes(), type=_TokenFile)
-        except FileNotFoundError:
-            raise SettingsError(f"tokens file {p} does not exist (ff up writes <state_dir>/tokens.json)",
-                                key="auth.tokens_file", expected="path", source=str(p)) from None
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise SettingsError(f"tokens file {p} is malformed: {e} (expected "
-                                '{"tokens": [{"token": ..., "user": ..., "roles": [...]}]})',
-                                key="auth.tokens_file", expected="tokens JSON", source=str(p)) from None
-        return cls.from_entries(data.tokens, source=str(p))
+        return cls.from_entries(read_token_entries(path), source=str(path))
 
-    def lookup(self, token: str) -> Principal | None:
-        return self._by_digest.get(_digest(token)) if token else None
+    @classmethod
+    def watch(cls, path: str | os.PathLike[str], *, interval_s: float = 1.0) -> ReloadingTokenStore:
+        """A store that re-reads ``path`` when it changes (checked at most every ``interval_s``)."""
+        return ReloadingTokenStore(path, interval_s=interval_s)
+
+    def _table(self) -> dict[bytes, _Record]:
+        return self._by_digest
+
+    def lookup(self, token: str, *, now: float | None = None) -> Principal | None:
+        if not token:
+            return None
+        rec = self._table().get(_digest(token))
+        if rec is None:
+            return None
+        if token_state(revoked=rec.revoked, expires_at=rec.expires_at,
+                       now=time.time() if now is None else now) != "active":
+            return None
+        return rec.principal
+
+    def refusal(self, token: str, *, now: float | None = None) -> tuple[str, str] | None:
+        """(``"revoked"`` or ``"expired"``, why) for a known token that is refused, else None."""
+        rec = self._table().get(_digest(token)) if token else None
+        if rec is None:
+            return None
+        state = token_state(revoked=rec.revoked, expires_at=rec.expires_at, now=time.time() if now is None else now)
+        if state == "revoked":
+            at = f" at {_iso(rec.revoked_at)}" if rec.revoked_at else ""
+            return state, f"the token of user {rec.principal.user!r} was revoked{at}"
+        if state == "expired":
+            return state, f"the token of user {rec.principal.user!r} expired at {_iso(rec.expires)}"
+        return None
+
+    def rejection(self, token: str, *, now: float | None = None) -> str | None:
+        """Why a known token is refused (``"the token of user 'bob' was revoked at ..."``), else None."""
+        found = self.refusal(token, now=now)
+        return found[1] if found else None
+
+    def authenticate(self, token: str) -> Principal | None:
+        """For a wire server's ``authenticate``: the principal, None for an unknown token, and
+        Unauthenticated saying so for an expired or revoked one."""
+        found = self.lookup(token)
+        if found is None:
+            refused = self.refusal(token)
+            if refused is not None:
+                raise Unauthenticated(f"{refused[1]}: ask an admin for a new one (ff admin users add)",
+                                      reason=refused[0])
+        return found
 
     def __len__(self) -> int:
-        return len(self._by_digest)
+        return len(self._table())
+
+
+class FileSig(msgspec.Struct, frozen=True):
+    """What identifies one version of a file cheaply: inode (a rename makes a new one), size, mtime."""
+
+    ino: int
+    size: int
+    mtime_ns: int
+
+
+def file_sig(path: str | os.PathLike[str]) -> FileSig | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return FileSig(st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def reload_due(*, now: float, last_checked: float | None, interval_s: float) -> bool:
+    """Whether to stat the file again (at most every ``interval_s``)."""
+    return last_checked is None or now - last_checked >= interval_s
+
+
+def should_reload(loaded: FileSig | None, seen: FileSig | None) -> bool:
+    """Whether the file changed since it was loaded.  A file that cannot be stat-ed right now
+    (removed by hand) keeps the loaded table: dropping every token would stop the cluster."""
+    return seen is not None and seen != loaded
+
+
+class ReloadingTokenStore(TokenStore):
+    """A :class:`TokenStore` that follows its tokens file: every lookup stats the file when the
+    last check is ``interval_s`` old and re-reads it when its inode, size or mtime changed.
+
+    A change that does not parse or validate keeps the previous table (logged once per version
+    of the file), so a half-finished hand edit never locks everybody out.  Thread-safe: the
+    table is swapped as one reference and one thread re-reads at a time.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, interval_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = Path(path)
+        self.interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        sig = file_sig(self.path)
+        super().__init__(validate_entries(read_token_entries(self.path), source=str(self.path)), source=str(self.path))
+        self._loaded = sig
+        self._last_checked: float | None = clock()
+        self.reloads = 0
+
+    def _table(self) -> dict[bytes, _Record]:
+        if reload_due(now=self._clock(), last_checked=self._last_checked, interval_s=self.interval_s):
+            self.check()
+        return self._by_digest
+
+    def check(self) -> bool:
+        """Stat the file now and re-read it if it changed; True when a new table was loaded."""
+        if not self._lock.acquire(blocking=False):
+            return False  # another thread is at it: use the current table
+        try:
+            self._last_checked = self._clock()
+            seen = file_sig(self.path)
+            if not should_reload(self._loaded, seen):
+                return False
+            try:
+                table = validate_entries(read_token_entries(self.path), source=str(self.path))
+            except SettingsError as e:
+                _log().warning("auth.tokens_reload_failed", path=str(self.path), error=str(e))
+                self._loaded = seen  # not again until the file changes again
+                return False
+            self._by_digest = table
+            self._loaded = seen
+            self.reloads += 1
+            _log().info("auth.tokens_reloaded", path=str(self.path), entries=len(table))
+            return True
+        finally:
+            self._lock.release()
+
+
+def _log() -> Any:
+    from fireflyer.core.log import get_logger
+
+    return get_logger("fireflyer.rpc.auth")
 
 
 TOKEN_PREFIX = "fft_"
@@ -146,7 +370,7 @@ def generate_token() -> str:
 def write_tokens_file(path: str | os.PathLike[str], entries: Iterable[TokenEntry | Mapping[str, Any]]) -> Path:
     """Write a tokens file atomically, readable by its owner only."""
     items = [e if isinstance(e, TokenEntry) else msgspec.convert(dict(e), TokenEntry) for e in entries]
-    TokenStore.from_entries(items, source=str(path))  # refuse to write what we could not read back
+    validate_entries(items, source=str(path))  # refuse to write what we could not read back
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     data = msgspec.json.format(msgspec.json.encode(_TokenFile(items)), indent=2) + b"\n"

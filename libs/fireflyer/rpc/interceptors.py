@@ -133,6 +133,10 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             return auth._ANONYMOUS
         if not header:
             raise Unauthenticated(f"no bearer token on {m.name}: {_HOW_TO_GET_A_TOKEN}", method=m.name)
+        refused = self.tokens.refusal(token.strip()) if scheme.lower() == "bearer" else None
+        if refused is not None:  # a known token, revoked or past its expiry
+            raise Unauthenticated(f"{refused[1]}; refused on {m.name}: ask an admin for a new token "
+                                  "(ff admin users add)", method=m.name, reason=refused[0])
         # never echo the token: it may be a real secret meant for another cluster
         raise Unauthenticated(f"unknown bearer token on {m.name}: {_HOW_TO_GET_A_TOKEN}", method=m.name)
 

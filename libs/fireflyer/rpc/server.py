@@ -146,12 +146,13 @@ class RpcServer:
         return self._port
 
     def principal_for(self, token: str) -> Principal | None:
-        """Who ``token`` is by this server's rules (auth off: the anonymous admin; unknown: None),
-        for a transport beside gRPC that authenticates once per connection (meta's wire endpoint)."""
+        """Who ``token`` is by this server's rules (auth off: the anonymous admin; unknown: None;
+        revoked or expired: Unauthenticated saying so), for a transport beside gRPC that
+        authenticates once per connection (meta's wire endpoint)."""
         if not self.auth_enabled:
             return ANONYMOUS_ADMIN
         assert self.tokens is not None  # checked in __init__
-        return self.tokens.lookup(token)
+        return self.tokens.authenticate(token)
 
     @property
     def address(self) -> str:

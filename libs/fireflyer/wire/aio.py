@@ -69,6 +69,7 @@ from .frame import (
     hello_problem,
     parse_prefix,
 )
+from .reauth import Reauth
 from .server import principal_key
 
 __all__ = ["AioWireServer", "AioConnection", "AioRequest", "AioHandler", "FrameSplitter"]
@@ -144,6 +145,7 @@ class _ServerProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.principal: Any = None
+        self.reauth: Reauth | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         #: requests read while ``max_inflight`` were running: started as running ones finish
         self.backlog: collections.deque[tuple[Request, bytes]] = collections.deque()
@@ -241,6 +243,8 @@ class _ServerProtocol(asyncio.Protocol):
             return
         try:
             principal = self.server.authenticate(header.token)
+        except Unauthenticated as e:  # the authenticator says why (revoked, expired)
+            principal, why = None, str(e)
         except Exception as e:  # an authenticator bug rejects the client, it does not crash the loop
             log.exception("wire.auth_failed", peer=self.peer)
             principal, why = None, f"authenticator failed: {type(e).__name__}"
@@ -266,6 +270,7 @@ class _ServerProtocol(asyncio.Protocol):
             server._per_user[key] = server._per_user.get(key, 0) + 1
             self.key = key
         self.principal = principal
+        self.reauth = Reauth(self.server.authenticate, header.token, server=self.server.name)
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
@@ -313,6 +318,9 @@ class _ServerProtocol(asyncio.Protocol):
             self.transport.write(_frame(*frame))
 
     async def _call(self, req: AioRequest) -> tuple[Header, bytes]:
+        refused = self.reauth.check() if self.reauth is not None else None
+        if refused is not None:  # revoked or expired since the hello
+            return ErrorFrame(rid=req.rid, error=refused.to_dict()), b""
         try:
             out = await self.server.handler(req)
         except FireFlyerError as e:

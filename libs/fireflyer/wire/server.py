@@ -82,6 +82,7 @@ from .frame import (
     encode_head,
     hello_problem,
 )
+from .reauth import Reauth
 
 __all__ = ["WireServer", "ServerRequest", "Handler", "Authenticate", "PayloadBudget", "principal_key"]
 
@@ -274,6 +275,8 @@ class _ServerConn:
         #: the per-user cap's key (None: uncapped)
         self.key = key
         self.leased = 0  # payload budget held by the request being served
+        #: re-checks the hello's token before each request (revoked or expired since: refused)
+        self.reauth: Reauth | None = None
         self.thread = threading.Thread(target=self._run, name=f"wire-conn-{peer}", daemon=True)
 
     def lease(self, n: int, *, op: str) -> None:
@@ -331,10 +334,13 @@ class _ServerConn:
     def _serve_one(self, header: Request, size: int) -> None:
         fs = self.fs
         req = ServerRequest(self, header, size)
-        if not self.server.trace_requests or not header.trace:
-            err = self._call(req)
-        else:
-            err = self._call_traced(req, header, size)
+        # a token revoked or expired since the hello is refused (the payload is discarded below)
+        err: FireFlyerError | None = self.reauth.check() if self.reauth is not None else None
+        if err is None:
+            if not self.server.trace_requests or not header.trace:
+                err = self._call(req)
+            else:
+                err = self._call_traced(req, header, size)
         if fs.broken:
             # the handler's receive or reply broke the stream (truncated, stalled, reset)
             raise fs.failure or Unavailable(f"connection to {fs.peer} broke", peer=fs.peer)
@@ -605,6 +611,8 @@ class WireServer:
                  early: bytearray) -> None:
         try:
             principal = self.authenticate(hello.token)
+        except Unauthenticated as e:  # the authenticator says why (revoked, expired)
+            principal, why = None, str(e)
         except Exception as e:  # an authenticator bug rejects, it does not stop the accept thread
             log.exception("wire.auth_failed", peer=p.peer)
             principal, why = None, f"authenticator failed: {type(e).__name__}"
@@ -634,6 +642,7 @@ class WireServer:
         p.sock.setblocking(True)
         try:
             conn = _ServerConn(self, p.sock, p.peer, principal, key, early)
+            conn.reauth = Reauth(self.authenticate, hello.token, server=self.name)
         except BaseException:
             p.sock.close()
             with self._lock:

@@ -93,7 +93,7 @@ def test_tokens_file_errors_name_the_file(tmp_path) -> None:
         TokenStore.from_file(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
     bad.write_text('{"tokens": [{"user": "x"}]}')
-    with pytest.raises(SettingsError, match="bad.json is malformed"):
+    with pytest.raises(SettingsError, match="bad.json entry 0 .*token or token_sha256"):
         TokenStore.from_file(bad)
 
 

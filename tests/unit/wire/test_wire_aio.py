@@ -832,3 +832,33 @@ async def test_connections_over_the_node_and_user_caps_are_refused(serve, raw_pe
     assert isinstance(header, ErrorFrame) and header.error["kind"] == "ResourceExhausted"
     assert header.error["fields"]["reason"] == "node_limit"
     assert len(others) == 2
+
+
+async def test_an_authenticator_that_says_why_is_quoted_to_the_client(serve, dial):
+    def expired(token: str) -> str:
+        raise Unauthenticated("the token of user 'bob' expired at 2026-12-04T08:00:00Z")
+
+    server = await serve(echo, authenticate=expired)
+    with pytest.raises(Unauthenticated) as ei:
+        await dial(server)
+    assert "user 'bob' expired at" in str(ei.value) and "authenticator failed" not in str(ei.value)
+
+
+async def test_an_open_connection_stops_working_once_its_token_is_revoked(serve, dial, monkeypatch):
+    import fireflyer.wire.reauth as reauth
+
+    monkeypatch.setattr(reauth, "REAUTH_INTERVAL_S", 0.0)
+    valid = {"tok-alice": "alice", "tok-bob": "bob"}
+
+    def expired(token: str) -> str | None:
+        if token == "tok-bob" and "tok-bob" not in valid:
+            raise Unauthenticated("the token of user 'bob' expired at 2026-12-04T08:00:00Z")
+        return valid.get(token)
+
+    server = await serve(echo, authenticate=expired)
+    bob, alice = await dial(server, token="tok-bob"), await dial(server)
+    assert await bob.request("e", payload=b"hi") == b"hi"
+    del valid["tok-bob"]
+    with pytest.raises(Unauthenticated, match="stopped working: the token of user 'bob' expired"):
+        await bob.request("e", payload=b"hi")
+    assert await alice.request("e", payload=b"ok") == b"ok"

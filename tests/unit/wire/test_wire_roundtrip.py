@@ -143,3 +143,31 @@ def test_an_authenticator_that_raises_rejects_without_crashing(wire_server, conn
     server = wire_server(lambda req: None, authenticate=boom)
     with pytest.raises(Unauthenticated):
         connect(server)
+
+
+def test_an_authenticator_that_says_why_is_quoted_to_the_client(wire_server, connect):
+    """A token store refuses a revoked or expired token with Unauthenticated naming the reason."""
+    def revoked(token: str) -> str:
+        raise Unauthenticated("the token of user 'bob' was revoked at 2026-12-04T08:00:00Z")
+
+    server = wire_server(lambda req: None, authenticate=revoked)
+    with pytest.raises(Unauthenticated, match="user 'bob' was revoked"):
+        connect(server)
+
+
+def test_an_open_connection_stops_working_once_its_token_is_revoked(wire_server, connect, monkeypatch):
+    """A connection authenticates at its hello; the token is looked up again (at most every
+    REAUTH_INTERVAL_S) so revoking it refuses the next requests on connections already open."""
+    import fireflyer.wire.reauth as reauth
+
+    monkeypatch.setattr(reauth, "REAUTH_INTERVAL_S", 0.0)
+    valid = {"tok-alice": "alice", "tok-bob": "bob"}
+    server = wire_server(lambda req: None, authenticate=lambda t: valid.get(t))
+    bob, alice = connect(server, token="tok-bob"), connect(server)
+    assert bob.request("x", payload=b"1").size == 0
+    del valid["tok-bob"]
+    with pytest.raises(Unauthenticated, match="token stopped working"):
+        bob.request("x", payload=b"12")
+    with pytest.raises(Unauthenticated, match="token stopped working"):
+        bob.request("x")  # stays refused
+    assert alice.request("x", payload=b"123").size == 0  # the others are untouched
