@@ -34,6 +34,8 @@ __all__ = [
     "status_exit_code",
     "tail_lines",
     "SERVING",
+    "choose_nats_port",
+    "is_nats_on_port",
 ]
 
 SERVING = "SERVING"
@@ -205,3 +207,35 @@ def tail_lines(text: str, n: int = 20) -> list[str]:
     """The last ``n`` non-empty-trailing lines of a log."""
     lines = text.rstrip("\n").splitlines()
     return lines[-n:] if n > 0 else []
+
+
+def choose_nats_port(*, configured: int, recorded: int | None, recorded_free: bool) -> int:
+    """The port ``ff up`` gives the managed nats-server; 0: pick a free one (and record it).
+
+    A port set in the cluster file wins.  Otherwise the port recorded in the state dir is
+    kept for its whole life, so a NATS restarted later (by hand, with its recorded command
+    line) comes back where every service looks for it; only if something else holds that
+    port now does a fresh ``ff up`` (whose services all get the new URL) move.
+    """
+    if configured > 0:
+        return configured
+    if recorded is not None and recorded_free:
+        return recorded
+    return 0
+
+
+_PORT_FLAGS = ("-p", "-port", "--port")
+
+
+def is_nats_on_port(argv: Sequence[str], port: int) -> bool:
+    """Is ``argv`` (a process's command line) a nats-server serving clients on ``port``?"""
+    if not argv or not argv[0].rsplit("/", 1)[-1].startswith("nats-server"):
+        return False
+    want = str(port)
+    for i, arg in enumerate(argv[1:], start=1):
+        if arg in _PORT_FLAGS and i + 1 < len(argv) and argv[i + 1] == want:
+            return True
+        flag, eq, value = arg.partition("=")
+        if eq and flag in _PORT_FLAGS and value == want:
+            return True
+    return False
