@@ -99,6 +99,9 @@ def test_nats_restarted_by_its_recorded_command_is_found_again(tmp_path: Path) -
                 os.kill(n.pid, signal.SIGKILL)
                 wait_until(lambda: not alive(n.pid, n.start_ticks), timeout_s=10, what="nats gone")
                 assert _nats_row(cluster)["state"] == "crashed"
+                text = run_ff(["status", "--state-dir", str(state_dir)])
+                assert text.returncode == 1 and f"restart nats on {n.url} with:" in text.stdout
+                assert f"-p {n.port}" in " ".join(text.stdout.split())
                 for step in (2, 3):
                     ckpt_id, took = _commit(c, fs, "nr", step)
                     assert took < 1.5, f"commit {step} waited {took:.1f}s on the dead bus"

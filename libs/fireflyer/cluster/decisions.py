@@ -170,6 +170,8 @@ class StatusRow(msgspec.Struct, frozen=True, kw_only=True):
     exit_code: int | None = None
     log: str | None = None
     log_tail: list[str] = msgspec.field(default_factory=list)
+    #: a crashed managed nats: the command line that starts it again (same port and store)
+    restart_command: list[str] = msgspec.field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -188,14 +190,14 @@ def status_row(*, name: str, instance: str, pid: int, address: str, log: str, al
 
 
 def nats_status_row(*, url: str, managed: bool, pid: int | None, log: str | None, alive: bool,
-                    reachable: bool, log_tail: Sequence[str] = ()) -> StatusRow:
+                    reachable: bool, log_tail: Sequence[str] = (), command: Sequence[str] = ()) -> StatusRow:
     health = NATS_REACHABLE if reachable else "unreachable"
     if not managed:
         return StatusRow(name="nats", instance="nats", pid=None, address=url, state="external", health=health)
     if alive:
         return StatusRow(name="nats", instance="nats", pid=pid, address=url, state="running", health=health, log=log)
     return StatusRow(name="nats", instance="nats", pid=pid, address=url, state="crashed", health="-", log=log,
-                     log_tail=list(log_tail))
+                     log_tail=list(log_tail), restart_command=list(command))
 
 
 def status_exit_code(rows: Sequence[StatusRow]) -> int:

@@ -409,7 +409,7 @@ def _nats_row(n: NatsRecord) -> StatusRow:
     reachable = is_alive and tcp_reachable(host, port)
     tail = read_tail(n.log, TAIL_LINES) if n.managed and not is_alive else []
     return nats_status_row(url=n.url, managed=n.managed, pid=n.pid, log=n.log, alive=is_alive,
-                           reachable=reachable, log_tail=tail)
+                           reachable=reachable, log_tail=tail, command=n.command)
 
 
 def _host_port(url: str) -> tuple[str, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from fireflyer.cluster.decisions import choose_nats_port, is_nats_on_port
+from fireflyer.cluster.decisions import choose_nats_port, is_nats_on_port, nats_status_row
 from fireflyer.cluster.records import StatePaths, read_nats_port, write_nats_port
 from fireflyer.cluster.supervisor import nats_port_for
 
@@ -56,3 +56,13 @@ def test_configured_port_wins_and_an_unreadable_record_is_replaced(tmp_path: Pat
     picked = nats_port_for(paths)
     assert read_nats_port(paths) == picked
     assert nats_port_for(paths, configured=4333) == 4333
+
+
+def test_a_crashed_managed_nats_row_says_how_to_restart_it() -> None:
+    cmd = ["/venv/bin/nats-server", "-a", "127.0.0.1", "-p", "24222", "-P", "/s/nats.pid"]
+    row = nats_status_row(url="nats://127.0.0.1:24222", managed=True, pid=7, log="/s/logs/nats.log", alive=False,
+                          reachable=False, command=cmd)
+    assert row.state == "crashed" and row.restart_command == cmd
+    running = nats_status_row(url="nats://127.0.0.1:24222", managed=True, pid=8, log=None, alive=True,
+                              reachable=True, command=cmd)
+    assert running.healthy and running.restart_command == []
