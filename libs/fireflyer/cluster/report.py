@@ -5,7 +5,6 @@ so logs and CI output stay readable)."""
 from __future__ import annotations
 
 import shlex
-
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
