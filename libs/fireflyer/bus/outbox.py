@@ -45,7 +45,7 @@ import msgspec
 import nats.errors
 import nats.js.errors
 
-from fireflyer.core.errors import ResourceExhausted
+from fireflyer.core.errors import ResourceExhausted, Unavailable
 from fireflyer.core.log import get_logger
 
 from .backoff import backoff_delay
@@ -223,6 +223,7 @@ class Outbox:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
         if self._pending:
             log.info("bus.outbox_loaded", outbox=name, pending=len(self._pending), path=str(path))
 
@@ -234,10 +235,14 @@ class Outbox:
 
         Raises:
             ResourceExhausted: ``max_entries`` messages are already waiting.
+            Unavailable: the outbox was stopped (its service is shutting down).
         """
         hdrs = dict(outgoing_headers(headers) or {})
         data = encode(event)
         with self._lock:
+            if self._closed:
+                raise Unavailable(f"outbox {self.name} is stopped (its service is shutting down); "
+                                  f"{subject} was not queued", outbox=self.name, subject=subject)
             if len(self._pending) >= self.max_entries:
                 raise ResourceExhausted(
                     f"outbox {self.name} is full ({self.max_entries} unsent messages): NATS has been "
@@ -271,6 +276,8 @@ class Outbox:
     # -- sender side (the bus's event loop) -------------------------------------
 
     async def start(self) -> None:
+        if self._closed:
+            raise Unavailable(f"outbox {self.name} was stopped; make a new one", outbox=self.name)
         if self._task is not None:
             return
         self._loop = asyncio.get_running_loop()
@@ -299,6 +306,7 @@ class Outbox:
             log.warning("bus.outbox_unsent", outbox=self.name, pending=left,
                         note="kept in " + str(self.path) if self.path else "lost: the outbox has no file")
         with self._lock:
+            self._closed = True
             self._store.close()
 
     def _head(self) -> list[OutboxEntry]:
@@ -326,6 +334,9 @@ class Outbox:
                 refused, why = True, f"{e.description} (err_code {e.err_code})"
             except (nats.errors.Error, TimeoutError, OSError) as e:
                 why = str(e) or type(e).__name__
+            except Exception as e:  # noqa: BLE001 -- anything else: the sender must live on and retry
+                why = repr(e)
+                log.exception("bus.outbox_publish_error", outbox=self.name, subject=entry.subject, error=why)
             else:
                 self._remove(entry)
                 self.stats.sent += 1

@@ -11,7 +11,7 @@ import pytest
 
 from fireflyer.bus import Event
 from fireflyer.bus.outbox import Outbox, OutboxEntry, after_failure, plan_next
-from fireflyer.core.errors import ResourceExhausted
+from fireflyer.core.errors import ResourceExhausted, Unavailable
 
 
 class Done(Event, tag="outboxtest.done.v1"):
@@ -75,3 +75,13 @@ def test_unsent_messages_survive_in_the_file_in_order(tmp_path: Path) -> None:
     assert again.pending_ids() == [ev.event_id for ev in ids[1:]]
     assert again.append("ff.t.v1.x.9.done", Done(n=9)) == 6  # numbering continues after the loaded ones
     again._store.close()
+
+
+async def test_append_after_stop_is_refused_with_a_typed_error(tmp_path: Path) -> None:
+    box = Outbox(bus=None, path=tmp_path / "o.db")  # type: ignore[arg-type]
+    box.append("ff.t.v1.x.y.done", Done(n=1))
+    await box.stop()
+    with pytest.raises(Unavailable) as err:
+        box.append("ff.t.v1.x.y.done", Done(n=2))
+    assert "stopped" in str(err.value) and err.value.fields["outbox"] == "outbox"
+    assert Outbox(bus=None, path=tmp_path / "o.db").pending == 1  # type: ignore[arg-type]  # the first one kept
