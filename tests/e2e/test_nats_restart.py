@@ -21,7 +21,7 @@ from fireflyer.ckpt.catalog import index_digest
 from fireflyer.ckpt.client import CheckpointClient
 from fireflyer.ckpt.index import index_name
 from fireflyer.ckpt.model import CheckpointCommitted
-from fireflyer.cluster.procs import alive
+from fireflyer.cluster.procs import alive, observe
 from fireflyer.cluster.records import StatePaths, read_nats_port, read_record
 from fireflyer.testing.cluster import LocalCluster, run_ff, started_cluster
 from fireflyer.testing.poll import wait_until
@@ -133,3 +133,30 @@ def test_nats_restarted_by_its_recorded_command_is_found_again(tmp_path: Path) -
             restarted.kill()
             restarted.wait(5)
         run_ff(["down", "--state-dir", str(state_dir)])
+
+
+def test_live_nats_finds_a_server_restarted_without_its_pid_file(tmp_path: Path) -> None:
+    from fireflyer.bus.server import NatsServerProcess
+    from fireflyer.cluster.records import NatsRecord
+    from fireflyer.cluster.supervisor import live_nats
+
+    first = NatsServerProcess(store_dir=tmp_path / "nats", pid_file=tmp_path / "nats.pid")
+    first.start()
+    assert first.pid is not None
+    seen = observe(first.pid)
+    rec = NatsRecord(url=first.url, managed=True, pid=first.pid, start_ticks=seen.start_ticks if seen else None,
+                     port=first.port, pid_file=str(tmp_path / "nats.pid"), command=first.command(first.port))
+    assert live_nats(rec) == rec
+    first.kill()
+    assert live_nats(rec) == rec  # nothing runs on the port: unchanged (and not alive)
+    assert not alive(rec.pid, rec.start_ticks)
+    # restarted by hand without -P (the pid file names the dead process): found by its port
+    second = NatsServerProcess(store_dir=tmp_path / "nats", port=first.port, log_file=tmp_path / "n2.log")
+    second.start()
+    try:
+        found = live_nats(rec)
+        assert found.pid == second.pid and alive(found.pid, found.start_ticks)
+        assert found.port == rec.port and found.url == rec.url
+    finally:
+        second.stop()
+    assert not alive(found.pid, found.start_ticks)
