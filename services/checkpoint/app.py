@@ -10,7 +10,10 @@ cluster record under the state dir, and presents this service's token (``FF_TOKE
 With ``local_root`` set, a local directory stands in for 3FS (no 3FS cluster needed).
 
 Each commit is published as ``CheckpointCommitted`` on JetStream subject
-``ff.ckpt.v1.job.<job>.committed`` (stream ``FF_CKPT``).  A sweep runs at start and every
+``ff.ckpt.v1.job.<job>.committed`` (stream ``FF_CKPT``) through an outbox
+(:mod:`fireflyer.bus.outbox`, kept in ``<state_dir>/<instance>.outbox.db``): the commit RPC
+returns without waiting for NATS, and an event that could not be published (NATS down or
+restarting) is sent, in order, once NATS is back.  A sweep runs at start and every
 ``sweep_interval_s``: it aborts checkpoints idle past ``abandon_after_s`` (a writer that
 died) and removes their directories, and finishes commits and deletes a crash interrupted.
 """
@@ -24,6 +27,7 @@ from typing import Any
 import msgspec
 
 from fireflyer.api.checkpoint.v1 import checkpoint_pb2_grpc as pb_grpc
+from fireflyer.bus.outbox import Outbox
 from fireflyer.ckpt.catalog import Catalog
 from fireflyer.ckpt.layout import prefer_chunk_size
 from fireflyer.ckpt.localfs import LocalFS
@@ -35,10 +39,10 @@ from fireflyer.core.runtime import Service, ServiceContext, run_service
 from fireflyer.kv import KV, aopen_kv
 from fireflyer.meta.model import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 
-from .events import STREAM, STREAM_SUBJECTS, publish_committed
+from .events import STREAM, STREAM_SUBJECTS, committed_event, committed_subject
 from .servicer import SERVICE_NAME, CheckpointServicer
 
-__all__ = ["CheckpointSection", "CheckpointSettings", "CheckpointService", "kv_url_for", "main"]
+__all__ = ["CheckpointSection", "CheckpointSettings", "CheckpointService", "kv_url_for", "outbox_path", "main"]
 
 
 class CheckpointSection(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,8 +55,9 @@ class CheckpointSection(msgspec.Struct, frozen=True, kw_only=True):
     sweep_interval_s: float = 5.0
     #: a local directory instead of 3FS (single-machine use and tests)
     local_root: str = ""
-    #: how long a commit waits for JetStream to store its event before logging the failure
-    publish_timeout_s: float = 5.0
+    #: how long one attempt to publish a commit's event waits for JetStream's ack (the outbox
+    #: retries until one is acked; the commit itself never waits)
+    publish_timeout_s: float = 2.0
     #: chunk size of files under ``root`` in 3FS (its layout policy, set when smaller; 0: leave
     #: the inherited layout): large chunks amortize the storage's per-chunk fsyncs
     chunk_bytes: int = 64 << 20
@@ -60,6 +65,11 @@ class CheckpointSection(msgspec.Struct, frozen=True, kw_only=True):
 
 class CheckpointSettings(ServiceSettings, frozen=True, kw_only=True):
     checkpoint: CheckpointSection = msgspec.field(default_factory=CheckpointSection)
+
+
+def outbox_path(settings: CheckpointSettings, instance: str) -> Path:
+    """``<state_dir>/<instance>.outbox.db``: commit events not yet acked by JetStream."""
+    return Path(settings.state_dir).absolute() / f"{instance}.outbox.db"
 
 
 def kv_url_for(settings: CheckpointSettings) -> str:
@@ -95,6 +105,7 @@ class CheckpointService(Service):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._layout: asyncio.Task[None] | None = None
+        self._outbox: Outbox | None = None
 
     async def start(self, ctx: ServiceContext) -> None:
         settings: CheckpointSettings = self.settings  # type: ignore[assignment]
@@ -103,6 +114,11 @@ class CheckpointService(Service):
         self._ctx, self._loop = ctx, asyncio.get_running_loop()
         if ctx.bus is not None:
             await ctx.bus.ensure_stream(STREAM, STREAM_SUBJECTS)
+            # commits are published through an outbox kept next to the service's other state: a
+            # commit never waits for NATS, and one made while NATS is away goes out once it is back
+            self._outbox = Outbox(ctx.bus, path=outbox_path(settings, ctx.instance), name=f"{ctx.instance}-committed",
+                                  attempt_timeout_s=c.publish_timeout_s)
+            await self._outbox.start()
         else:
             ctx.log.warning("checkpoint.no_nats", note="commits are not published (nats.url is empty)")
         self.kv = await aopen_kv(kv_url_for(settings))
@@ -160,20 +176,19 @@ class CheckpointService(Service):
             return
 
     def _on_committed(self, rec: CheckpointRecord) -> None:
-        """Called by the Catalog on a worker thread: publish on the service's loop and wait."""
-        ctx, loop = self._ctx, self._loop
-        if ctx is None or loop is None or ctx.bus is None:
+        """Called by the Catalog on a worker thread: queue the event in the outbox and return (the
+        outbox publishes it, retrying until JetStream acks it)."""
+        ctx, outbox = self._ctx, self._outbox
+        if ctx is None or outbox is None:
             return
-        timeout = self.settings.checkpoint.publish_timeout_s  # type: ignore[attr-defined]
-        fut = asyncio.run_coroutine_threadsafe(publish_committed(ctx.bus, rec, timeout_s=timeout), loop)
         try:
-            seq = fut.result(timeout + 1.0)
-        except Exception as e:
-            fut.cancel()
+            outbox.append(committed_subject(rec.job), committed_event(rec))
+        except FireFlyerError as e:  # the outbox is full: NATS has been away for long
             # the commit stands (the record and MANIFEST say so); readers polling Latest still see it
-            ctx.log.error("checkpoint.publish_failed", checkpoint=rec.id, job=rec.job, step=rec.step, error=repr(e))
+            ctx.log.error("checkpoint.publish_failed", checkpoint=rec.id, job=rec.job, step=rec.step, error=str(e))
             return
-        ctx.log.info("checkpoint.published", checkpoint=rec.id, job=rec.job, step=rec.step, seq=seq)
+        ctx.log.info("checkpoint.publish_queued", checkpoint=rec.id, job=rec.job, step=rec.step,
+                     pending=outbox.pending)
 
     async def _sweep_once(self) -> None:
         assert self.catalog is not None and self._ctx is not None
@@ -195,6 +210,8 @@ class CheckpointService(Service):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        if self._outbox is not None:  # a moment to send what is queued; the rest waits in its file
+            await self._outbox.stop(drain_s=2.0)
         if self.fs is not None and hasattr(self.fs, "close"):
             await asyncio.to_thread(self.fs.close)
         if self.kv is not None:

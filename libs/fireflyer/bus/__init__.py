@@ -6,6 +6,7 @@
 - :mod:`~fireflyer.bus.events`: tagged frozen msgspec event Structs and their codec.
 - :mod:`~fireflyer.bus.connection`: :class:`Bus` (reconnect, pub/sub, request/reply).
 - :mod:`~fireflyer.bus.jetstream`: streams and durable, ack-after-handling consumers.
+- :mod:`~fireflyer.bus.outbox`: :class:`Outbox`, durable events kept locally until JetStream acks them.
 - :mod:`~fireflyer.bus.server`: run a real ``nats-server`` (tests, ``ff up``).
 """
 
@@ -19,7 +20,7 @@ __getattr__ = lazy_attributes(__name__, {
     "ERROR_HEADER": "connection", "Bus": "connection", "Handler": "connection", "RequestHandler": "connection",
     "Subscription": "connection", "Event": "events", "decode": "events", "encode": "events",
     "event_tag": "events", "schema_version": "events", "Consumer": "jetstream",
-    "NatsServerProcess": "server", "nats_server_binary": "server", "BusStats": "stats",
+    "Outbox": "outbox", "NatsServerProcess": "server", "nats_server_binary": "server", "BusStats": "stats",
     "SubjectParts": "subjects", "parse": "subjects", "pattern": "subjects", "subject": "subjects",
 })
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from .connection import ERROR_HEADER, Bus, Handler, RequestHandler, Subscription
     from .events import Event, decode, encode, event_tag, schema_version
     from .jetstream import Consumer
+    from .outbox import Outbox
     from .server import NatsServerProcess, nats_server_binary
     from .stats import BusStats
     from .subjects import SubjectParts, parse, pattern, subject
@@ -39,6 +41,7 @@ __all__ = [
     "Event",
     "Handler",
     "NatsServerProcess",
+    "Outbox",
     "RequestHandler",
     "SubjectParts",
     "Subscription",

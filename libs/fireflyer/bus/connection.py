@@ -145,6 +145,7 @@ class Bus:
                     name=name,
                     connect_timeout=settings.connect_timeout_s,  # type: ignore[arg-type]
                     reconnect_time_wait=settings.reconnect_wait_s,  # type: ignore[arg-type]
+                    allow_reconnect=True,
                     max_reconnect_attempts=settings.max_reconnect_attempts,
                     drain_timeout=settings.drain_timeout_s,  # type: ignore[arg-type]
                     user_credentials=settings.credentials,

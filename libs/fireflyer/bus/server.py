@@ -84,6 +84,8 @@ class NatsServerProcess:
         jetstream: enable JetStream (``-js``).
         detach: start in a new session so the server outlives this process
             (``ff up``); the caller records :attr:`pid` and :attr:`port`.
+        pid_file: the server writes its pid there (``-P``): a server restarted by hand
+            with :meth:`command` is found again through it (``ff status``, ``ff down``).
     """
 
     def __init__(
@@ -95,8 +97,10 @@ class NatsServerProcess:
         log_file: Path | None = None,
         jetstream: bool = True,
         detach: bool = False,
+        pid_file: Path | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
+        self.pid_file = Path(pid_file) if pid_file is not None else None
         self.host = host
         self.log_file = Path(log_file) if log_file is not None else self.store_dir / "nats-server.log"
         self.jetstream = jetstream
@@ -146,6 +150,8 @@ class NatsServerProcess:
 
     def command(self, port: int) -> list[str]:
         cmd = [nats_server_binary(), "-a", self.host, "-p", str(port), "-l", str(self.log_file)]
+        if self.pid_file is not None:
+            cmd += ["-P", str(self.pid_file)]
         if self.jetstream:
             cmd += ["-js", "-sd", str(self.store_dir)]
         return cmd

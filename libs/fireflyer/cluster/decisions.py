@@ -34,6 +34,8 @@ __all__ = [
     "status_exit_code",
     "tail_lines",
     "SERVING",
+    "choose_nats_port",
+    "is_nats_on_port",
 ]
 
 SERVING = "SERVING"
@@ -168,6 +170,8 @@ class StatusRow(msgspec.Struct, frozen=True, kw_only=True):
     exit_code: int | None = None
     log: str | None = None
     log_tail: list[str] = msgspec.field(default_factory=list)
+    #: a crashed managed nats: the command line that starts it again (same port and store)
+    restart_command: list[str] = msgspec.field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -186,14 +190,14 @@ def status_row(*, name: str, instance: str, pid: int, address: str, log: str, al
 
 
 def nats_status_row(*, url: str, managed: bool, pid: int | None, log: str | None, alive: bool,
-                    reachable: bool, log_tail: Sequence[str] = ()) -> StatusRow:
+                    reachable: bool, log_tail: Sequence[str] = (), command: Sequence[str] = ()) -> StatusRow:
     health = NATS_REACHABLE if reachable else "unreachable"
     if not managed:
         return StatusRow(name="nats", instance="nats", pid=None, address=url, state="external", health=health)
     if alive:
         return StatusRow(name="nats", instance="nats", pid=pid, address=url, state="running", health=health, log=log)
     return StatusRow(name="nats", instance="nats", pid=pid, address=url, state="crashed", health="-", log=log,
-                     log_tail=list(log_tail))
+                     log_tail=list(log_tail), restart_command=list(command))
 
 
 def status_exit_code(rows: Sequence[StatusRow]) -> int:
@@ -205,3 +209,35 @@ def tail_lines(text: str, n: int = 20) -> list[str]:
     """The last ``n`` non-empty-trailing lines of a log."""
     lines = text.rstrip("\n").splitlines()
     return lines[-n:] if n > 0 else []
+
+
+def choose_nats_port(*, configured: int, recorded: int | None, recorded_free: bool) -> int:
+    """The port ``ff up`` gives the managed nats-server; 0: pick a free one (and record it).
+
+    A port set in the cluster file wins.  Otherwise the port recorded in the state dir is
+    kept for its whole life, so a NATS restarted later (by hand, with its recorded command
+    line) comes back where every service looks for it; only if something else holds that
+    port now does a fresh ``ff up`` (whose services all get the new URL) move.
+    """
+    if configured > 0:
+        return configured
+    if recorded is not None and recorded_free:
+        return recorded
+    return 0
+
+
+_PORT_FLAGS = ("-p", "-port", "--port")
+
+
+def is_nats_on_port(argv: Sequence[str], port: int) -> bool:
+    """Is ``argv`` (a process's command line) a nats-server serving clients on ``port``?"""
+    if not argv or not argv[0].rsplit("/", 1)[-1].startswith("nats-server"):
+        return False
+    want = str(port)
+    for i, arg in enumerate(argv[1:], start=1):
+        if arg in _PORT_FLAGS and i + 1 < len(argv) and argv[i + 1] == want:
+            return True
+        flag, eq, value = arg.partition("=")
+        if eq and flag in _PORT_FLAGS and value == want:
+            return True
+    return False

@@ -28,6 +28,10 @@ __all__ = [
     "free_ports",
     "ephemeral_port_range",
     "tcp_reachable",
+    "port_free",
+    "cmdline",
+    "pids_matching",
+    "read_pid_file",
 ]
 
 
@@ -203,3 +207,50 @@ def tcp_reachable(host: str, port: int, timeout_s: float = 1.0) -> bool:
             return True
     except OSError:
         return False
+
+
+def port_free(host: str, port: int) -> bool:
+    """Can a server bind ``host:port`` now?"""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT does not count
+        s.bind((host, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def cmdline(pid: int) -> list[str] | None:
+    """The command line of ``pid`` (None: no such process, or no /proc)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a] or None
+
+
+def pids_matching(pred: Callable[[list[str]], bool]) -> list[int]:
+    """Pids whose command line satisfies ``pred`` (a /proc scan; empty without /proc)."""
+    out: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in entries:
+        if name.isdigit():
+            argv = cmdline(int(name))
+            if argv and pred(argv):
+                out.append(int(name))
+    return out
+
+
+def read_pid_file(path: str | Path | None) -> int | None:
+    if not path:
+        return None
+    try:
+        pid = int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid > 0 else None

@@ -4,6 +4,8 @@
     <state>/tokens.json    bearer tokens (admin and the local user), mode 0600
     <state>/logs/          one log per process (<instance>.log, nats.log)
     <state>/nats/          the JetStream store of the managed nats-server
+    <state>/nats.port      the managed nats-server's client port, kept for the life of the state dir
+    <state>/nats.pid       written by nats-server itself (-P): finds a restarted one again
     <state>/spans.jsonl    the span file every service appends to
     <state>/cluster.lock   flock'd by up/down so two of them never interleave
 
@@ -35,6 +37,8 @@ __all__ = [
     "read_record",
     "write_record",
     "remove_record",
+    "read_nats_port",
+    "write_nats_port",
     "write_atomic",
     "TokenEntry",
     "TokensFile",
@@ -54,6 +58,10 @@ class NatsRecord(msgspec.Struct, frozen=True, kw_only=True):
     start_ticks: int | None = None
     port: int | None = None
     log: str | None = None
+    #: nats-server's own pid file (``-P``); a server restarted with ``command`` rewrites it
+    pid_file: str | None = None
+    #: the command line that started it: run it again to restart NATS on the same port and store
+    command: list[str] = msgspec.field(default_factory=list)
 
 
 class ProcessRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,6 +116,14 @@ class StatePaths:
         return self.root / "nats"
 
     @property
+    def nats_port(self) -> Path:
+        return self.root / "nats.port"
+
+    @property
+    def nats_pid(self) -> Path:
+        return self.root / "nats.pid"
+
+    @property
     def spans(self) -> Path:
         return self.root / "spans.jsonl"
 
@@ -153,6 +169,20 @@ def read_record(paths: StatePaths) -> ClusterRecord | None:
             f"{paths.record} is unreadable ({e}); stop its processes by hand and remove it",
             path=str(paths.record),
         ) from e
+
+
+def read_nats_port(paths: StatePaths) -> int | None:
+    """The port recorded for this state dir's nats-server, or None (none yet, or unreadable)."""
+    try:
+        port = int(paths.nats_port.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return port if 0 < port < 65536 else None
+
+
+def write_nats_port(paths: StatePaths, port: int) -> None:
+    paths.root.mkdir(parents=True, exist_ok=True)
+    write_atomic(paths.nats_port, f"{port}\n".encode())
 
 
 def remove_record(paths: StatePaths) -> None:

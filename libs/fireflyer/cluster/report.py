@@ -4,6 +4,7 @@ so logs and CI output stay readable)."""
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -105,6 +106,10 @@ def print_status(console: Console, state_dir: str, rows: Sequence[StatusRow]) ->
     for r in rows:
         if r.state == "crashed":
             print_tail(console, f"{r.instance} crashed; last lines of {r.log}", r.log_tail)
+            if r.restart_command:
+                # the same port and store: every service reconnects to it by itself
+                console.print(f"restart {r.instance} on {r.address} with: {shlex.join(r.restart_command)}",
+                              highlight=False, markup=False, soft_wrap=True)
 
 
 def print_down(console: Console, title: str, pids: Mapping[str, int | None],

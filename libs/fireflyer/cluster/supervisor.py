@@ -8,6 +8,12 @@ and the tail of its log, stops everything it started, and fails.
 
 ``down`` signals only what the record names *and* is still the same process
 (pid plus start time), services first, nats last.
+
+The managed nats-server keeps one port for the life of the state dir (``nats.port``):
+restarted with the command line ``cluster.json`` records (``nats.command``), it comes
+back where every service's client reconnects to.  ``status`` and ``down`` then find it
+through its own pid file (``-P``, ``nats.pid``) or, failing that, as the nats-server
+listening on that port; the pid recorded at ``up`` is only the first place they look.
 """
 
 from __future__ import annotations
@@ -36,7 +42,9 @@ from .decisions import (
     StopOutcome,
     StopTarget,
     UpVerdict,
+    choose_nats_port,
     decide_up,
+    is_nats_on_port,
     nats_status_row,
     status_exit_code,
     status_row,
@@ -44,7 +52,19 @@ from .decisions import (
     stop_targets,
 )
 from .homes import home_users, homes_line, make_homes
-from .procs import alive, free_ports, observe, read_tail, spawn, stop_processes, tcp_reachable
+from .procs import (
+    alive,
+    cmdline,
+    free_ports,
+    observe,
+    pids_matching,
+    port_free,
+    read_pid_file,
+    read_tail,
+    spawn,
+    stop_processes,
+    tcp_reachable,
+)
 from .records import (
     ClusterRecord,
     NatsRecord,
@@ -52,13 +72,15 @@ from .records import (
     StatePaths,
     TokensFile,
     ensure_tokens,
+    read_nats_port,
     read_record,
     remove_record,
     state_lock,
+    write_nats_port,
     write_record,
 )
 
-__all__ = ["up", "status", "down", "collect_status", "alive_map", "TAIL_LINES"]
+__all__ = ["up", "status", "down", "collect_status", "alive_map", "nats_port_for", "live_nats", "TAIL_LINES"]
 
 log = get_logger(__name__)
 
@@ -66,10 +88,56 @@ TAIL_LINES = 20
 RPC_HOST = "127.0.0.1"
 
 
+def nats_port_for(paths: StatePaths, configured: int = 0, host: str = "127.0.0.1") -> int:
+    """The managed nats-server's port for this state dir: the one recorded there (``nats.port``)
+    while it is free, else a fresh free one, which is recorded (see ``choose_nats_port``)."""
+    recorded = read_nats_port(paths)
+    port = choose_nats_port(configured=configured, recorded=recorded,
+                            recorded_free=recorded is not None and port_free(host, recorded))
+    if port == 0:
+        port = free_ports(1, host)[0]
+        if recorded is not None:
+            log.warning("cluster.nats_port_moved", old=recorded, new=port, why=f"port {recorded} is in use")
+    if port != recorded:
+        write_nats_port(paths, port)
+    return port
+
+
+def live_nats(n: NatsRecord) -> NatsRecord:
+    """``n`` with the pid (and start time) of the cluster's nats-server running *now*.
+
+    The recorded pid while that process lives; else the pid in nats-server's own pid file,
+    else any nats-server serving the recorded port (a NATS restarted by hand or by a
+    supervisor); ``n`` unchanged when none runs.
+    """
+    if not n.managed or alive(n.pid, n.start_ticks) or n.port is None:
+        return n
+    port = n.port
+
+    def serves_port(pid: int) -> bool:
+        argv = cmdline(pid)
+        return argv is not None and is_nats_on_port(argv, port)
+
+    from_file = read_pid_file(n.pid_file)
+    candidates = [from_file] if from_file is not None and serves_port(from_file) else []
+    if not candidates:
+        candidates = pids_matching(lambda argv: is_nats_on_port(argv, port))
+    for pid in candidates:
+        seen = observe(pid)
+        if seen is not None and not seen.zombie:
+            return msgspec.structs.replace(n, pid=pid, start_ticks=seen.start_ticks)
+    return n
+
+
+def _with_live_nats(record: ClusterRecord) -> ClusterRecord:
+    return msgspec.structs.replace(record, nats=live_nats(record.nats))
+
+
 def alive_map(record: ClusterRecord | None) -> dict[str, bool]:
-    """label -> is the recorded process still the one we started."""
+    """label -> is the recorded process still the one we started (nats: the one now on its port)."""
     if record is None:
         return {}
+    record = _with_live_nats(record)
     out = {p.instance: alive(p.pid, p.start_ticks) for p in record.processes}
     if record.nats.managed:
         out["nats"] = alive(record.nats.pid, record.nats.start_ticks)
@@ -99,14 +167,16 @@ def _start_nats(cfg: ClusterConfig, paths: StatePaths, env: Mapping[str, str]) -
     from fireflyer.bus.server import NatsServerProcess
 
     log_path = paths.log_for("nats")
+    port = nats_port_for(paths, cfg.nats.port)
     # detach: the server must outlive this `ff up` process, like the services
-    server = NatsServerProcess(store_dir=paths.nats_store, port=cfg.nats.port or -1, log_file=log_path,
-                               detach=True)
+    server = NatsServerProcess(store_dir=paths.nats_store, port=port, log_file=log_path, detach=True,
+                               pid_file=paths.nats_pid)
     server.start(timeout_s=10.0)
     assert server.pid is not None  # set by start()
     seen = observe(server.pid)
     return NatsRecord(url=server.url, managed=True, pid=server.pid, start_ticks=seen.start_ticks if seen else None,
-                      port=server.port, log=str(log_path))
+                      port=server.port, log=str(log_path), pid_file=str(paths.nats_pid),
+                      command=server.command(server.port))
 
 
 def _service_env(base: Mapping[str, str], *, paths: StatePaths, nats_url: str, port: int, instance: str,
@@ -339,7 +409,7 @@ def _nats_row(n: NatsRecord) -> StatusRow:
     reachable = is_alive and tcp_reachable(host, port)
     tail = read_tail(n.log, TAIL_LINES) if n.managed and not is_alive else []
     return nats_status_row(url=n.url, managed=n.managed, pid=n.pid, log=n.log, alive=is_alive,
-                           reachable=reachable, log_tail=tail)
+                           reachable=reachable, log_tail=tail, command=n.command)
 
 
 def _host_port(url: str) -> tuple[str, int]:
@@ -352,7 +422,7 @@ def _host_port(url: str) -> tuple[str, int]:
 
 async def _collect(record: ClusterRecord) -> list[StatusRow]:
     rows = await asyncio.gather(*(_row_for(p) for p in record.processes))
-    return [_nats_row(record.nats), *rows]
+    return [_nats_row(live_nats(record.nats)), *rows]
 
 
 def collect_status(record: ClusterRecord) -> list[StatusRow]:
@@ -393,6 +463,7 @@ def down(*, state_dir: Path, timeout_s: float, console: Console) -> int:
             console.print(f"no cluster recorded in state dir {paths.root}; nothing to stop", highlight=False,
                           markup=False)
             return 0
+        record = _with_live_nats(record)  # a NATS restarted since `up` is stopped too
         targets, gone = stop_targets(record, alive_map(record))
         outcomes = stop_processes(targets, timeout_s=timeout_s)
         pids: dict[str, int | None] = {p.instance: p.pid for p in record.processes}

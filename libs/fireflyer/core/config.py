@@ -28,9 +28,10 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True):
     #: one URL or several, comma separated (a NATS cluster)
     url: str = "nats://127.0.0.1:4222"
     connect_timeout_s: float = 2.0
-    #: first reconnect wait; doubles per failed attempt up to max_reconnect_wait_s
+    #: first reconnect wait; doubles per failed attempt up to max_reconnect_wait_s (1 s: a restarted
+    #: server is found again within about a second of listening)
     reconnect_wait_s: float = 0.25
-    max_reconnect_wait_s: float = 5.0
+    max_reconnect_wait_s: float = 1.0
     #: -1: keep trying for ever (a service outlives a NATS restart)
     max_reconnect_attempts: int = -1
     #: NATS credentials file (outside local mode)
