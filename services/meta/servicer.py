@@ -35,7 +35,7 @@ from fireflyer.fs import meta_codec as codec
 from fireflyer.kv import KVWouldBlock
 from fireflyer.meta import Caller, FsInvalidArgument, MetaStore
 from fireflyer.meta.homes import gets_home, home_path, valid_home_name
-from fireflyer.meta.limits import MAX_PATH, check_file_size, check_open_flags, check_path_bytes, check_time
+from fireflyer.meta.limits import MAX_PATH, check_open_flags, check_path_bytes, check_time
 from fireflyer.rpc import current_principal
 
 from .users import UserIds, ids_for
@@ -248,7 +248,6 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     async def Truncate(self, request: pb.TruncateRequest, context: Any) -> pb.TruncateReply:
         path = check_path(request.path)
-        check_file_size(request.length, None)  # the file's own layout is checked in the store
         inode = await self._write(self.store.truncate, self._caller(), path, request.length,
                                 request_id=request_id(request))
         return pb.TruncateReply(inode=codec.inode_to_pb(inode))
@@ -283,7 +282,6 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         return codec.statfs_to_pb(await self._run(self.store.statfs, self._caller()))
 
     async def ReportLength(self, request: pb.ReportLengthRequest, context: Any) -> pb.ReportLengthReply:
-        check_file_size(request.length, None)
         inode = await self._write(self.store.report_length, self._caller(), request.inode_id, request.length)
         return pb.ReportLengthReply(inode=codec.inode_to_pb(inode))
 
