@@ -44,6 +44,7 @@ __all__ = [
     "MAX_PATH",
     "MAX_NAME",
     "MAX_DEPTH",
+    "MAX_U64",
     "MAX_CHUNK_INDEX",
     "MAX_FILE_SIZE",
     "MIN_TIME",
@@ -65,11 +66,13 @@ MAX_PATH = 4096
 MAX_NAME = 255
 #: components of a path that makes a new name
 MAX_DEPTH = 256
+#: the largest value of a uint64 field (ids, uids)
+MAX_U64 = (1 << 64) - 1
 #: the largest chunk index a chunk id holds (a 32-bit field; fireflyer.storage.chunkid.MAX_INDEX)
 MAX_CHUNK_INDEX = (1 << 32) - 1
 #: the largest file any layout holds (at the largest chunk size)
 MAX_FILE_SIZE = (MAX_CHUNK_INDEX + 1) * MAX_CHUNK_SIZE
-_UTC = _dt.timezone.utc
+_UTC = _dt.UTC
 #: the earliest and latest time a file may carry (a day inside datetime's range: time zones)
 MIN_TIME = _dt.datetime(1, 1, 2, tzinfo=_UTC).timestamp()
 MAX_TIME = _dt.datetime(9999, 12, 30, tzinfo=_UTC).timestamp()
@@ -95,29 +98,42 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _field(value: int) -> int | str:
+    """An int for an error's fields (they travel as msgpack/JSON): exact when it fits 64 bits."""
+    return value if -(1 << 63) <= value < 1 << 63 else _short(value)
+
+
+def _hex(value: int) -> str:
+    return f"{value:#x}" if value.bit_length() <= 64 else f"<int of {value.bit_length()} bits>"
+
+
 def max_file_size(chunk_size: int) -> int:
     """The most bytes a file with chunks of ``chunk_size`` can hold (2**32 chunks)."""
     return (MAX_CHUNK_INDEX + 1) * chunk_size
 
 
-def check_length(value: object, field: str = "length") -> int:
-    """A length or offset: an int >= 0 (bool is not a length); else EINVAL."""
+def check_length(value: object, field: str = "length", max_value: int | None = MAX_U64) -> int:
+    """A length, offset or id: an int >= 0 (bool is not one) and at most ``max_value`` (what a
+    uint64 field holds; None: no bound here); else EINVAL."""
     if type(value) is not int or value < 0:
         raise FsInvalidArgument(f"{field} {_short(value)} must be an integer >= 0", field=field,
                                 value=_short(value), limit=0)
+    if max_value is not None and value > max_value:
+        raise FsInvalidArgument(f"{field} {_short(value)} is larger than {max_value}", field=field,
+                                value=_short(value), limit=max_value)
     return value
 
 
 def check_file_size(value: object, chunk_size: int | None, field: str = "length") -> int:
     """A file length for a file of ``chunk_size`` chunks (None: the largest chunk size):
     EINVAL if not an int >= 0, EFBIG past :func:`max_file_size`."""
-    length = check_length(value, field)
+    length = check_length(value, field, None)
     limit = max_file_size(chunk_size if chunk_size else MAX_CHUNK_SIZE)
     if length > limit:
         raise FsInvalidArgument(
-            f"{field} {length} is larger than a file with {chunk_size or MAX_CHUNK_SIZE}-byte chunks can hold "
+            f"{field} {_short(length)} is larger than a file with {chunk_size or MAX_CHUNK_SIZE}-byte chunks can hold "
             f"({limit} bytes = 2**32 chunks); use a smaller length",
-            errno=E.EFBIG, field=field, value=length if length < 1 << 63 else str(length), limit=limit)
+            errno=E.EFBIG, field=field, value=_field(length), limit=limit)
     return length
 
 
@@ -144,15 +160,16 @@ def check_open_flags(value: object, field: str = "flags") -> int:
         raise FsInvalidArgument(f"{field} {_short(value)} must be an int of os.O_* bits", field=field,
                                 value=_short(value))
     if value < 0:
-        raise FsInvalidArgument(f"{field} {value} is negative; give os.O_* bits (known: {KNOWN_OPEN_FLAGS:#x})",
-                                field=field, value=value, limit=f"{KNOWN_OPEN_FLAGS:#x}")
+        raise FsInvalidArgument(f"{field} {_short(value)} is negative; give os.O_* bits (known: "
+                                f"{KNOWN_OPEN_FLAGS:#x})", field=field, value=_field(value),
+                                limit=f"{KNOWN_OPEN_FLAGS:#x}")
     unknown = value & ~KNOWN_OPEN_FLAGS
     if unknown:
-        raise FsInvalidArgument(f"{field} {value:#x} has bits meta does not know ({unknown:#x}); known: "
-                                f"{KNOWN_OPEN_FLAGS:#x} (os.O_* flags)", field=field, value=value,
+        raise FsInvalidArgument(f"{field} {_hex(value)} has bits meta does not know ({_hex(unknown)}); known: "
+                                f"{KNOWN_OPEN_FLAGS:#x} (os.O_* flags)", field=field, value=_field(value),
                                 limit=f"{KNOWN_OPEN_FLAGS:#x}")
     if value & os.O_ACCMODE not in _ACCESS_MODES:
-        raise FsInvalidArgument(f"{field} {value:#x} has access mode {value & os.O_ACCMODE}; give O_RDONLY, "
+        raise FsInvalidArgument(f"{field} {_hex(value)} has access mode {value & os.O_ACCMODE}; give O_RDONLY, "
                                 "O_WRONLY or O_RDWR", field=field, value=value, limit="O_ACCMODE in (0, 1, 2)")
     return value
 

@@ -599,7 +599,7 @@ class MetaStore:
         """Set a file's length (needs write permission; EISDIR for directories; EFBIG past
         what the file's layout can hold, EINVAL for a negative length: see :mod:`.limits`)."""
         comps = split_path(path)
-        check_length(length)  # EFBIG against the file's own layout, in the transaction
+        check_length(length, max_value=None)  # EFBIG against the file's own layout, in the transaction
 
         def fn(txn: Txn) -> Inode:
             w = Walker(txn, who, snapshot=False, path=path)
@@ -617,7 +617,7 @@ class MetaStore:
         Idempotent by nature (max), so safe to retry without a request id.  EFBIG past what
         the file's layout can hold."""
         _check_len(inode_id, "inode id")
-        check_length(length)  # EFBIG against the file's own layout, in the transaction
+        check_length(length, max_value=None)  # EFBIG against the file's own layout, in the transaction
 
         def fn(txn: Txn) -> Inode:
             w = Walker(txn, who, snapshot=False, path=f"<inode {inode_id}>")
