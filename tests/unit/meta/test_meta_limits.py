@@ -135,3 +135,11 @@ def test_path_and_name_limits_are_enametoolong(fs: MetaStore) -> None:
         fs.mkdir(ADMIN, "/" + "n" * 256)
     assert _errno(info) == E.ENAMETOOLONG and info.value.fields["limit"] == limits.MAX_NAME
     fs.mkdir(ADMIN, "/" + "n" * 255)
+
+
+def test_statfs_used_bytes_past_uint64_is_reported_as_the_maximum() -> None:
+    from fireflyer.fs.meta_codec import statfs_to_pb
+    from fireflyer.meta import StatFs
+
+    assert statfs_to_pb(StatFs(70, 70, 0, 0, 70 * (1 << 58), 0)).used_bytes == 2**64 - 1
+    assert statfs_to_pb(StatFs(1, 1, 0, 0, 5, 0)).used_bytes == 5
