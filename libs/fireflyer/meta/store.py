@@ -287,7 +287,9 @@ class MetaStore:
                     continue
                 w._search(cur)
                 if w.entry(cur.id, name) is None:
-                    self._need(w, cur, W | X, "write on parent")
+                    # name the directory that lacks the permission (an ancestor, not the parent)
+                    where = "write on parent" if last else f"write on {'/' + '/'.join(comps[:i])}"
+                    self._need(w, cur, W | X, where)
                     cur = self._new_dir(txn, w, cur, name, mode, ids, policy if last else None)
                     continue
                 child = w.walk(cur, [name], follow_last=True)

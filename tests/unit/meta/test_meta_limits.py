@@ -143,3 +143,13 @@ def test_statfs_used_bytes_past_uint64_is_reported_as_the_maximum() -> None:
 
     assert statfs_to_pb(StatFs(70, 70, 0, 0, 70 * (1 << 58), 0)).used_bytes == 2**64 - 1
     assert statfs_to_pb(StatFs(1, 1, 0, 0, 5, 0)).used_bytes == 5
+
+
+def test_mkdir_p_names_the_ancestor_it_may_not_write(fs: MetaStore) -> None:
+    with pytest.raises(FsError) as info:
+        fs.mkdir(ALICE, "/srv/a/b", parents=True)
+    assert info.value.errno == E.EACCES and "(write on /)" in info.value.message
+    fs.mkdir(ADMIN, "/srv", 0o755)
+    with pytest.raises(FsError) as info:
+        fs.mkdir(ALICE, "/srv/a/b", parents=True)
+    assert "(write on /srv)" in info.value.message
