@@ -46,6 +46,7 @@ import msgspec
 from fireflyer.core.errors import FireFlyerError, FsError, InvalidArgument
 from fireflyer.core.settings import load_settings
 from fireflyer.meta import DirEntry, FileType, Inode, Layout, LayoutPolicy
+from fireflyer.meta.limits import check_file_size
 from fireflyer.storage.client_min import MgmtdRouting, StorageClient
 
 from . import batch as _batch
@@ -328,7 +329,8 @@ class FileSystem:
 
     def truncate(self, path: str, length: int) -> Inode:
         """Set a file's length; shrinking removes the data past it on storage before returning."""
-        check_range(0, length, what=f"truncate {path}", limit=1 << 62)
+        # EINVAL below 0, EFBIG past what any layout holds; meta checks the file's own layout
+        check_file_size(length, None, field=f"truncate {path}: length")
         return self._truncate_path(path, length)
 
     def _truncate_path(self, path: str, length: int) -> Inode:
