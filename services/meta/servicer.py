@@ -3,7 +3,8 @@
 Each RPC (1) checks the request's shape (paths absolute, no NUL bytes, modes
 in range; lengths, times, flags and path sizes against :mod:`fireflyer.meta.limits`,
 which the store applies again for library callers) so malformed input fails with
-INVALID_ARGUMENT (errno EINVAL, EFBIG or ENAMETOOLONG) before the store is touched, (2) maps the bearer token's user to a ``Caller`` (see ``users``),
+INVALID_ARGUMENT (errno EINVAL, EFBIG or ENAMETOOLONG) before the store is touched,
+(2) maps the bearer token's user to a ``Caller`` (see ``users``),
 (3) runs the synchronous :class:`fireflyer.meta.MetaStore` method: read-only
 calls inline on the loop when ``inline_reads`` (see :meth:`MetaServicer._read`),
 mutations inline when ``inline_writes`` and the KV can commit without waiting,

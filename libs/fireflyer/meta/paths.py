@@ -2,7 +2,8 @@
 
 Validation (``split_path``, before any KV access, so bad input writes nothing):
 paths are ``str``, absolute, without NUL, valid UTF-8, at most 4096 bytes; each
-component at most 255 bytes (ENAMETOOLONG); empty components (``//``) and ``.`` are
+component at most 255 bytes, and a path that makes a name (``new_name``) at most 256
+components (ENAMETOOLONG; the limits live in :mod:`.limits`); empty components (``//``) and ``.`` are
 dropped lexically (so ``/a/.`` is ``/a``), a trailing slash is ignored; ``..`` is
 resolved physically, through the directory's parent pointer (root's parent is root).
 Bad input raises ``FsInvalidArgument`` (an ``FsError`` with errno EINVAL or
