@@ -1,8 +1,10 @@
 """``ff.meta.v1.MetaService``: the namespace library behind gRPC (and behind the wire endpoint, wire.py).
 
 Each RPC (1) checks the request's shape (paths absolute, no NUL bytes, modes
-in range) so malformed input fails with INVALID_ARGUMENT before the store is
-touched, (2) maps the bearer token's user to a ``Caller`` (see ``users``),
+in range; lengths, times, flags and path sizes against :mod:`fireflyer.meta.limits`,
+which the store applies again for library callers) so malformed input fails with
+INVALID_ARGUMENT (errno EINVAL, EFBIG or ENAMETOOLONG) before the store is touched,
+(2) maps the bearer token's user to a ``Caller`` (see ``users``),
 (3) runs the synchronous :class:`fireflyer.meta.MetaStore` method: read-only
 calls inline on the loop when ``inline_reads`` (see :meth:`MetaServicer._read`),
 mutations inline when ``inline_writes`` and the KV can commit without waiting,
@@ -34,6 +36,7 @@ from fireflyer.fs import meta_codec as codec
 from fireflyer.kv import KVWouldBlock
 from fireflyer.meta import Caller, FsInvalidArgument, MetaStore
 from fireflyer.meta.homes import gets_home, home_path, valid_home_name
+from fireflyer.meta.limits import MAX_PATH, check_open_flags, check_path_bytes, check_time
 from fireflyer.rpc import current_principal
 
 from .users import UserIds, ids_for
@@ -41,8 +44,6 @@ from .users import UserIds, ids_for
 __all__ = ["MetaServicer", "SERVICE_NAME", "check_path", "check_mode", "request_id"]
 
 SERVICE_NAME = "ff.meta.v1.MetaService"
-#: Linux PATH_MAX; longer paths are refused before any lookup
-MAX_PATH = 4096
 #: the server's page size when a Readdir asks for 0 (3FS list_default_limit)
 DEFAULT_READDIR_LIMIT = 128
 MAX_READDIR_LIMIT = 4096
@@ -64,9 +65,7 @@ def check_path(path: str, what: str = "path") -> str:
                                 path=path, arg=what)
     if "\0" in path:
         raise FsInvalidArgument(f"{what} {path!r} contains a NUL byte", path=path, arg=what)
-    if len(path.encode()) > MAX_PATH:
-        raise FsInvalidArgument(f"{what} is {len(path.encode())} bytes; the limit is {MAX_PATH}",
-                                path=path[:256], arg=what)
+    check_path_bytes(path, what)  # ENAMETOOLONG past PATH_MAX (fireflyer.meta.limits)
     return path
 
 
@@ -184,6 +183,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     async def Create(self, request: pb.CreateRequest, context: Any) -> pb.OpenReply:
         path = check_path(request.path)
         mode = check_mode(request.mode or 0o644, path)
+        check_open_flags(request.flags)
         policy = codec.policy_from_pb(request.policy) if request.HasField("policy") else None
         res = await self._run_layout(self.store.create, self._caller(), path, mode,
                                      flags=request.flags | os.O_CREAT, policy=policy, request_id=request_id(request))
@@ -191,6 +191,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     async def Open(self, request: pb.OpenRequest, context: Any) -> pb.OpenReply:
         path = check_path(request.path)
+        check_open_flags(request.flags)
         if request.flags & (os.O_TRUNC | os.O_CREAT):  # may write
             res = await self._write(self.store.open, self._caller(), path, request.flags)
         else:
@@ -261,6 +262,9 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         mode = opt("mode")
         if mode is not None:
             check_mode(mode, path)
+        for name in ("atime", "mtime"):
+            if request.HasField(name):
+                check_time(getattr(request, name), name)
         uid, gid = opt("uid"), opt("gid")
         owner = opt("owner")
         if owner is not None:

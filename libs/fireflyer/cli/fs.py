@@ -60,8 +60,17 @@ def _mode_string(inode: Any) -> str:
     return statmod.filemode(kind | inode.mode)
 
 
+def _when(t: Any, fmt: str) -> str:
+    """A stored time in local time; a time no calendar can show (NaN, inf, 1e300: stored
+    before meta checked times) is printed raw instead of failing the whole listing."""
+    try:
+        return time.strftime(fmt, time.localtime(t))
+    except (OverflowError, ValueError, OSError, TypeError):
+        return repr(t)
+
+
 def _long_line(name: str, inode: Any) -> str:
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(inode.mtime))
+    when = _when(inode.mtime, "%Y-%m-%d %H:%M")
     suffix = f" -> {inode.target}" if inode.target else ""
     return f"{_mode_string(inode)} {inode.nlink:>3} {inode.uid:>7} {inode.gid:>7} {inode.length:>12} {when} {name}{suffix}"
 
@@ -76,7 +85,7 @@ def _print_stat(path: str, inode: Any, as_json: bool) -> None:
             f"({_mode_string(inode)})"), ("uid", inode.uid), ("gid", inode.gid), ("nlink", inode.nlink),
             ("length", inode.length)]
     for name in ("atime", "mtime", "ctime"):
-        rows.append((name, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(getattr(inode, name)))))
+        rows.append((name, _when(getattr(inode, name), "%Y-%m-%d %H:%M:%S")))
     if inode.target:
         rows.append(("target", inode.target))
     if inode.layout is not None:
@@ -172,20 +181,26 @@ async def _mv(meta: Any, ns: argparse.Namespace) -> int:
 
 
 async def _remove_tree(meta: Any, path: str) -> None:
+    """``rm -r``: iterative (a stack of directories, deepest on top), so no tree depth can
+    exhaust Python's recursion limit.  A directory is read from its first page each time it
+    is on top (removing entries shifts later pages): its files are unlinked and its
+    subdirectories go on the stack; once a read finds it empty it is removed."""
     from fireflyer.meta import FileType
 
-    # page from the start each time: removing entries shifts later pages
-    while True:
-        page = await meta.readdir(path)
+    stack = [path]
+    while stack:
+        top = stack[-1]
+        page = await meta.readdir(top)
         if not page.entries:
-            break
+            await meta.rmdir(top)
+            stack.pop()
+            continue
         for entry in page.entries:
-            child = f"{path.rstrip('/')}/{entry.name}"
+            child = f"{top.rstrip('/')}/{entry.name}"
             if entry.type is FileType.DIR:
-                await _remove_tree(meta, child)
+                stack.append(child)
             else:
                 await meta.unlink(child)
-    await meta.rmdir(path)
 
 
 async def _rm(meta: Any, ns: argparse.Namespace) -> int:

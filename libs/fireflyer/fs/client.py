@@ -46,6 +46,7 @@ import msgspec
 from fireflyer.core.errors import FireFlyerError, FsError, InvalidArgument
 from fireflyer.core.settings import load_settings
 from fireflyer.meta import DirEntry, FileType, Inode, Layout, LayoutPolicy
+from fireflyer.meta.limits import check_file_size
 from fireflyer.storage.client_min import MgmtdRouting, StorageClient
 
 from . import batch as _batch
@@ -263,15 +264,19 @@ class FileSystem:
         return [e.name for e in self.listdir(path)]
 
     def walk(self, path: str) -> Iterator[tuple[str, list[str], list[str]]]:
-        """``os.walk`` order (top down): (dir, subdirs, non-directory names)."""
-        entries = self.listdir(path)
-        dirs = [e.name for e in entries if e.type is FileType.DIR]
-        yield path, dirs, [e.name for e in entries if e.type is not FileType.DIR]
-        for d in dirs:
-            yield from self.walk(f"{path.rstrip('/')}/{d}")
+        """``os.walk`` order (top down): (dir, subdirs, non-directory names).  Iterative (an
+        explicit stack), so no tree depth exhausts Python's recursion limit; as with
+        ``os.walk``, removing names from ``subdirs`` before the next step prunes them."""
+        stack = [path]
+        while stack:
+            top = stack.pop()
+            entries = self.listdir(top)
+            dirs = [e.name for e in entries if e.type is FileType.DIR]
+            yield top, dirs, [e.name for e in entries if e.type is not FileType.DIR]
+            stack.extend(f"{top.rstrip('/')}/{d}" for d in reversed(dirs))
 
     def du(self, path: str) -> int:
-        """Total length of the files under ``path`` (symlinks not followed)."""
+        """Total length of the files under ``path`` (symlinks not followed; iterative)."""
         inode = self.lstat(path)
         if inode.type is not FileType.DIR:
             return inode.length if inode.type is FileType.FILE else 0
@@ -289,10 +294,22 @@ class FileSystem:
         self._call(self.meta.rmdir(path))
 
     def rmtree(self, path: str) -> None:
-        for entry in self.listdir(path):
-            child = f"{path.rstrip('/')}/{entry.name}"
-            self.rmtree(child) if entry.type is FileType.DIR else self.unlink(child)
-        self.rmdir(path)
+        """Remove ``path`` and everything below it, children first.  Iterative: a directory
+        is listed, its files unlinked and its subdirectories stacked above it; it is removed
+        when it comes up again with its subdirectories gone, so no depth is too deep."""
+        stack: list[tuple[str, bool]] = [(path, False)]
+        while stack:
+            top, emptied = stack.pop()
+            if emptied:
+                self.rmdir(top)
+                continue
+            stack.append((top, True))
+            for entry in self.listdir(top):
+                child = f"{top.rstrip('/')}/{entry.name}"
+                if entry.type is FileType.DIR:
+                    stack.append((child, False))
+                else:
+                    self.unlink(child)
 
     def rename(self, src: str, dst: str) -> None:
         self._call(self.meta.rename(src, dst))
@@ -312,7 +329,8 @@ class FileSystem:
 
     def truncate(self, path: str, length: int) -> Inode:
         """Set a file's length; shrinking removes the data past it on storage before returning."""
-        check_range(0, length, what=f"truncate {path}", limit=1 << 62)
+        # EINVAL below 0, EFBIG past what any layout holds; meta checks the file's own layout
+        check_file_size(length, None, field=f"truncate {path}: length")
         return self._truncate_path(path, length)
 
     def _truncate_path(self, path: str, length: int) -> Inode:

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from fireflyer.core.errors import FsError, InvalidArgument
 from fireflyer.meta import Inode, Layout
+from fireflyer.meta.limits import check_file_size
 
 from .length import LengthReporter
 from .readahead import Readahead
@@ -238,6 +239,9 @@ class File(io.RawIOBase):
         check_range(offset, len(view), what=f"write {self.name}", limit=self._fs.settings.max_io_bytes)
         if len(view) == 0:
             return 0
+        # EFBIG past what the layout holds (2**32 chunks), before a chunk id could not be formed
+        check_file_size(offset + len(view), self.layout.chunk_size if self.layout else None,
+                        field=f"write {self.name}: offset + length")
         self._fs._write_range(self.inode_id, self.layout, offset, view, self.name)
         with self._len_lock:
             self._hi = max(self._hi, offset + len(view))

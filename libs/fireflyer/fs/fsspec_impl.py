@@ -94,8 +94,55 @@ class FireFlyerFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def glob(self, path: Any, *args: Any, **kwargs: Any) -> Any:
         return super().glob(self._abs_arg(path), *args, **kwargs)
 
-    def walk(self, path: Any, *args: Any, **kwargs: Any) -> Any:
-        return super().walk(self._abs_arg(path), *args, **kwargs)
+    def walk(self, path: Any, maxdepth: int | None = None, topdown: bool = True, on_error: Any = "omit",
+             **kwargs: Any) -> Any:
+        """fsspec's ``walk`` (same arguments, order and results), but iterative: fsspec's own
+        recurses once per level, so a deep tree exhausted Python's recursion limit in
+        ``find``, ``glob``, ``du``, ``rm -r`` and ``copy -r``, which all walk through here."""
+        if maxdepth is not None and maxdepth < 1:
+            raise ValueError("maxdepth must be at least 1")
+        detail = kwargs.pop("detail", False)
+        # ("visit", path, levels left) or ("emit", (path, dirs, files)) for bottom-up order
+        todo: list[tuple[str, Any, Any]] = [("visit", self._strip_protocol(self._abs_arg(path)), maxdepth)]
+        while todo:
+            kind, top, left = todo.pop()
+            if kind == "emit":
+                yield top
+                continue
+            try:
+                listing = self.ls(top, detail=True, **kwargs)
+            except OSError as e:
+                if on_error == "raise":
+                    raise
+                if callable(on_error):
+                    on_error(e)
+                continue
+            full_dirs: dict[str, str] = {}
+            dirs: Any = {}
+            files: Any = {}
+            for info in listing:
+                pathname = info["name"].rstrip("/")
+                name = pathname.rsplit("/", 1)[-1]
+                if info["type"] == "directory" and pathname != top:
+                    full_dirs[name] = pathname
+                    dirs[name] = info
+                elif pathname == top:
+                    files[""] = info
+                else:
+                    files[name] = info
+            if not detail:
+                dirs, files = list(dirs), list(files)
+            if topdown:
+                yield top, dirs, files  # the caller may prune dirs in place, as with os.walk
+            if left is not None:
+                left -= 1
+                if left < 1:
+                    if not topdown:
+                        yield top, dirs, files
+                    continue
+            if not topdown:
+                todo.append(("emit", (top, dirs, files), None))
+            todo.extend(("visit", full_dirs.get(d, f"{top.rstrip('/')}/{d}"), left) for d in reversed(list(dirs)))
 
     # -- info -----------------------------------------------------------------------------
     def _entry(self, path: str, inode: Inode) -> dict[str, Any]:

@@ -98,8 +98,10 @@ def page_from_pb(m: pb.ReaddirReply) -> ReaddirPage:
 
 
 def statfs_to_pb(s: StatFs) -> pb.StatfsReply:
+    # many files near the largest length (2**58 bytes each) add up past what uint64 holds:
+    # report the field's maximum rather than fail the call
     return pb.StatfsReply(inodes=s.inodes, files=s.files, dirs=s.dirs, symlinks=s.symlinks,
-                          used_bytes=s.used_bytes, gc_pending=s.gc_pending)
+                          used_bytes=min(s.used_bytes, (1 << 64) - 1), gc_pending=s.gc_pending)
 
 
 def statfs_from_pb(m: pb.StatfsReply) -> StatFs:

@@ -2,7 +2,8 @@
 
 Validation (``split_path``, before any KV access, so bad input writes nothing):
 paths are ``str``, absolute, without NUL, valid UTF-8, at most 4096 bytes; each
-component at most 255 bytes (ENAMETOOLONG); empty components (``//``) and ``.`` are
+component at most 255 bytes, and a path that makes a name (``new_name``) at most 256
+components (ENAMETOOLONG; the limits live in :mod:`.limits`); empty components (``//``) and ``.`` are
 dropped lexically (so ``/a/.`` is ``/a``), a trailing slash is ignored; ``..`` is
 resolved physically, through the directory's parent pointer (root's parent is root).
 Bad input raises ``FsInvalidArgument`` (an ``FsError`` with errno EINVAL or
@@ -28,13 +29,13 @@ from fireflyer.kv import Txn
 
 from . import keys
 from .homes import denied_message, permission_hint
+from .limits import MAX_DEPTH, MAX_NAME, MAX_PATH, check_depth, check_path_bytes
 from .model import ROOT_ID, Caller, FileType, FsInvalidArgument, Inode
 from .perms import X, allowed
 
-__all__ = ["split_path", "check_name_arg", "check_target", "Walker", "MAX_NAME", "MAX_PATH", "MAX_LINKS"]
+__all__ = ["split_path", "check_name_arg", "check_target", "Walker", "MAX_NAME", "MAX_PATH", "MAX_DEPTH",
+           "MAX_LINKS"]
 
-MAX_NAME = 255
-MAX_PATH = 4096
 MAX_LINKS = 40
 
 _inode_dec = msgspec.msgpack.Decoder(Inode)
@@ -48,22 +49,26 @@ def _utf8(s: str, path: str) -> bytes:
         raise FsInvalidArgument("path is not valid UTF-8", path=path) from None
 
 
-def split_path(path: object) -> list[str]:
-    """The components of an absolute path (see the module doc), or ``FsInvalidArgument``."""
+def split_path(path: object, *, new_name: bool = False) -> list[str]:
+    """The components of an absolute path (see the module doc), or ``FsInvalidArgument``.
+    ``new_name``: the path makes a name, so it may be at most ``MAX_DEPTH`` levels deep
+    (see :mod:`.limits`)."""
     if not isinstance(path, str):
         raise FsInvalidArgument(f"path must be a str, got {type(path).__name__}")
     if not path.startswith("/"):
         raise FsInvalidArgument(f"path {path!r} is not absolute", path=path)
     if "\0" in path:
         raise FsInvalidArgument("path contains a NUL byte", path=path)
-    if len(_utf8(path, path)) > MAX_PATH:
-        raise FsInvalidArgument(f"path longer than {MAX_PATH} bytes", errno=E.ENAMETOOLONG, path=path[:256])
+    check_path_bytes(path)
     comps = [c for c in path.split("/") if c and c != "."]
     for c in comps:
         if len(c.encode("utf-8")) > MAX_NAME:
             raise FsInvalidArgument(
-                f"name {c[:32]!r}... is longer than {MAX_NAME} bytes", errno=E.ENAMETOOLONG, path=path[:256]
+                f"name {c[:32]!r}... is {len(c.encode())} bytes; the limit is {MAX_NAME} (NAME_MAX)",
+                errno=E.ENAMETOOLONG, path=path[:256], field="name", limit=MAX_NAME,
             )
+    if new_name:
+        check_depth(comps, path)
     return comps
 
 

@@ -49,6 +49,7 @@ from . import keys
 from .alloc import InodeAllocator, read_counter
 from .homes import HOME_ROOT, denied_message, permission_hint, plan_home
 from .layout import make_layout, rr_initial, rr_shard
+from .limits import check_file_size, check_length, check_open_flags, check_time
 from .model import (
     ROOT_ID,
     Caller,
@@ -85,9 +86,16 @@ def _check_mode(mode: object) -> int:
 
 
 def _check_len(length: object, what: str = "length") -> int:
-    if type(length) is not int or length < 0:
-        raise FsInvalidArgument(f"{what} {length!r} must be an int >= 0", length=str(length))
-    return length
+    return check_length(length, what)
+
+
+def _check_file_length(inode: Inode, length: int, path: str) -> None:
+    """EFBIG when ``length`` is past what the file's layout can hold (see :mod:`.limits`)."""
+    try:
+        check_file_size(length, inode.layout.chunk_size if inode.layout is not None else None)
+    except FsInvalidArgument as e:
+        e.fields.setdefault("path", path)
+        raise
 
 
 class _Ids:
@@ -255,8 +263,9 @@ class MetaStore:
     ) -> Inode:
         """Make a directory (EEXIST if the name exists).  ``parents=True`` is ``mkdir -p``:
         missing ancestors are made (with ``mode``, no policy) and an existing directory at
-        ``path`` is returned as is.  ``policy`` becomes the new directory's ``dir_policy``."""
-        comps = split_path(path)
+        ``path`` is returned as is.  ``policy`` becomes the new directory's ``dir_policy``.
+        ``path`` may be at most ``limits.MAX_DEPTH`` levels deep (ENAMETOOLONG)."""
+        comps = split_path(path, new_name=True)
         _check_mode(mode)
         self._check_policy(policy)
         ids = _Ids(self.alloc)
@@ -278,7 +287,9 @@ class MetaStore:
                     continue
                 w._search(cur)
                 if w.entry(cur.id, name) is None:
-                    self._need(w, cur, W | X, "write on parent")
+                    # name the directory that lacks the permission (an ancestor, not the parent)
+                    where = "write on parent" if last else f"write on {'/' + '/'.join(comps[:i])}"
+                    self._need(w, cur, W | X, where)
                     cur = self._new_dir(txn, w, cur, name, mode, ids, policy if last else None)
                     continue
                 child = w.walk(cur, [name], follow_last=True)
@@ -410,11 +421,11 @@ class MetaStore:
         exists (a symlink included, never followed); otherwise a final symlink is followed
         (a dangling one creates its target) unless O_NOFOLLOW (ELOOP).  An existing file
         is checked against the access mode (O_TRUNC needs write and sets length 0); a
-        new one gets ``policy`` or the parent's effective policy, and its layout."""
-        comps = split_path(path)
+        new one gets ``policy`` or the parent's effective policy, and its layout.  ``flags``
+        with unknown bits (``limits.check_open_flags``) are EINVAL."""
+        comps = split_path(path, new_name=True)
         _check_mode(mode)
-        if type(flags) is not int:
-            raise FsInvalidArgument("flags must be an int")
+        check_open_flags(flags)
         self._check_policy(policy)
         flags |= os.O_CREAT
         ids = _Ids(self.alloc)
@@ -465,8 +476,7 @@ class MetaStore:
     def open(self, who: Caller, path: str, flags: int = os.O_RDONLY) -> OpenResult:
         """Open an existing file or directory, checking permission for the access mode.
         With O_CREAT it is ``create(who, path, 0o644, flags=flags)``."""
-        if type(flags) is not int:
-            raise FsInvalidArgument("flags must be an int")
+        check_open_flags(flags)
         if flags & os.O_CREAT:
             return self.create(who, path, 0o644, flags=flags)
         comps = split_path(path)
@@ -532,7 +542,7 @@ class MetaStore:
     def link(self, who: Caller, existing: str, new: str, *, request_id: bytes | None = None) -> Inode:
         """A hard link ``new`` to the regular file ``existing`` (not followed if a symlink;
         EPERM for directories and symlinks).  Returns the file with nlink + 1."""
-        src, dst = split_path(existing), split_path(new)
+        src, dst = split_path(existing), split_path(new, new_name=True)
 
         def fn(txn: Txn) -> Inode:
             w = Walker(txn, who, snapshot=False, path=existing)
@@ -554,7 +564,7 @@ class MetaStore:
     def symlink(self, who: Caller, target: str, linkpath: str, *, request_id: bytes | None = None) -> Inode:
         """Make symlink ``linkpath`` -> ``target`` (any non-empty string; not checked)."""
         check_target(target)
-        comps = split_path(linkpath)
+        comps = split_path(linkpath, new_name=True)
         ids = _Ids(self.alloc)
 
         def fn(txn: Txn) -> Inode:
@@ -588,9 +598,10 @@ class MetaStore:
         return self._run(fn, write=False)
 
     def truncate(self, who: Caller, path: str, length: int, *, request_id: bytes | None = None) -> Inode:
-        """Set a file's length (needs write permission; EISDIR for directories)."""
+        """Set a file's length (needs write permission; EISDIR for directories; EFBIG past
+        what the file's layout can hold, EINVAL for a negative length: see :mod:`.limits`)."""
         comps = split_path(path)
-        _check_len(length)
+        check_length(length, max_value=None)  # EFBIG against the file's own layout, in the transaction
 
         def fn(txn: Txn) -> Inode:
             w = Walker(txn, who, snapshot=False, path=path)
@@ -598,15 +609,17 @@ class MetaStore:
             if inode.type is FileType.DIR:
                 raise fs_error(E.EISDIR, "is a directory", path)
             self._need(w, inode, W, "write")
+            _check_file_length(inode, length, path)
             return self._set_length(txn, w, inode, length, self._now())
 
         return self._run(fn, write=True, request_id=request_id, result_type=Inode)
 
     def report_length(self, who: Caller, inode_id: int, length: int) -> Inode:
         """A client's max written position: adopted if larger than the recorded length.
-        Idempotent by nature (max), so safe to retry without a request id."""
+        Idempotent by nature (max), so safe to retry without a request id.  EFBIG past what
+        the file's layout can hold."""
         _check_len(inode_id, "inode id")
-        _check_len(length)
+        check_length(length, max_value=None)  # EFBIG against the file's own layout, in the transaction
 
         def fn(txn: Txn) -> Inode:
             w = Walker(txn, who, snapshot=False, path=f"<inode {inode_id}>")
@@ -616,6 +629,7 @@ class MetaStore:
             if inode.type is not FileType.FILE:
                 raise FsError(f"inode {inode_id} is not a file", errno=E.EISDIR, inode=inode_id)
             self._need(w, inode, W, "write")
+            _check_file_length(inode, length, f"<inode {inode_id}>")
             if length <= inode.length:
                 return inode
             return self._put(txn, w, msgspec.structs.replace(inode, length=length, mtime=self._now()))
@@ -635,16 +649,18 @@ class MetaStore:
         request_id: bytes | None = None,
     ) -> Inode:
         """chmod (owner or admin), chown/chgrp (admin/root only), utimes (owner or admin);
-        follows symlinks.  EPERM when not allowed."""
+        follows symlinks.  EPERM when not allowed; EINVAL for a time that is not finite or
+        outside ``limits.MIN_TIME .. MAX_TIME``."""
         comps = split_path(path)
         if mode is not None:
             _check_mode(mode)
         for v, what in ((uid, "uid"), (gid, "gid")):
             if v is not None:
                 _check_len(v, what)
-        for t in (atime, mtime):
-            if t is not None and not isinstance(t, int | float):
-                raise FsInvalidArgument("times must be numbers")
+        if atime is not None:
+            atime = check_time(atime, "atime")
+        if mtime is not None:
+            mtime = check_time(mtime, "mtime")
 
         def fn(txn: Txn) -> Inode:
             w = Walker(txn, who, snapshot=False, path=path)
@@ -676,7 +692,7 @@ class MetaStore:
         existing ``dst``: same inode no-op, ENOTDIR / EISDIR on type mismatch, sticky
         EPERM, ENOTEMPTY for a non-empty directory; a replaced file loses a link (GC at
         0), a replaced empty directory is deleted."""
-        sc, dc = split_path(src), split_path(dst)
+        sc, dc = split_path(src), split_path(dst, new_name=True)
 
         def fn(txn: Txn) -> None:
             w = Walker(txn, who, snapshot=False, path=src)
