@@ -71,6 +71,7 @@ from .model import (
     encode_manifest,
     retention_victims,
 )
+from .private import make_private_dir
 from .shard import CheckpointCorrupted
 
 __all__ = ["Catalog", "CatalogFS", "index_digest", "index_name", "MAX_WORLD", "MAX_META_BYTES"]
@@ -262,7 +263,7 @@ class Catalog:
         rec, created = self.kv.run(txn_fn)
         if created:
             if self.create_dirs:
-                self.fs.mkdir(rec.directory, parents=True, exist_ok=True)
+                make_private_dir(self.fs, rec.directory)  # 0700, as the ranks make it in 3FS
             log.info("ckpt.begin", checkpoint=rec.id, job=job, step=step, world_size=world_size)
         return rec
 

@@ -184,3 +184,8 @@ def test_write_private_leaves_a_file_system_without_modes_alone(tmp_path: Path) 
 
     fs = NoModes()
     assert write_private(fs, "/a", b"xy") == 2 and fs.files == {"/a": b"xy"}
+
+
+def test_a_local_catalog_makes_checkpoint_directories_private(cat: Catalog, tmp_path: Path) -> None:
+    rec = cat.begin("llama", 1, 1)
+    assert _mode(tmp_path / "fs" / rec.directory.lstrip("/")) == 0o700
