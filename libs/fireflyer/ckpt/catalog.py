@@ -401,11 +401,6 @@ class Catalog:
             return rec
         return self.kv.run(txn_fn)
 
-    def authorize(self, job: str, caller: CkptCaller | None, action: str = "act on") -> str:
-        """Raise ``PermissionDenied`` unless ``caller`` may ``action`` ``job``; returns its owner."""
-        check_job(job)
-        return self.kv.run(lambda txn: _check_owner(txn, job, caller, action))
-
     def owner(self, job: str) -> str:
         """The user ``job`` belongs to ("" when it has none)."""
         check_job(job)
