@@ -11,6 +11,15 @@ Keys (``fireflyer.kv.keys`` tuples)::
     CKSH (id, rank)         msgpack ShardCommit
     CKJB (job, step, id)    b""   -- a job's checkpoints in step order
     CKPL (job)              msgpack RetentionPolicy
+    CKOW (job)              msgpack JobOwner  -- who the job belongs to (kept after its last delete)
+
+Owners: a job belongs to the user who first saved to it (``begin``) or set its retention.
+Every method that reads or changes a job's checkpoints takes ``caller``
+(:class:`~fireflyer.ckpt.model.CkptCaller`, which the checkpoint service builds from the
+RPC's principal): only the owner or an admin may act, anyone else gets ``PermissionDenied``
+naming the owner and nothing of the checkpoints.  A job recorded before owners existed
+belongs to no one and only admins may act on it.  ``caller=None`` (a catalog used in one
+process, with a local root) checks nothing.
 
 Commit: ``commit_shard`` checks the rank's index file against the digest, records the shard
 and, for the last rank, moves the record to ``committing`` -- one transaction, so exactly one
@@ -35,7 +44,14 @@ from typing import Any, Protocol
 import msgspec
 
 from fireflyer.core.clock import Clock, SystemClock
-from fireflyer.core.errors import AlreadyExists, FailedPrecondition, FsError, InvalidArgument, NotFound
+from fireflyer.core.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    FsError,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
 from fireflyer.core.ids import new_id
 from fireflyer.core.log import get_logger
 from fireflyer.kv import KV, Txn
@@ -45,7 +61,9 @@ from .index import index_name
 from .model import (
     MANIFEST_NAME,
     CheckpointRecord,
+    CkptCaller,
     CkptState,
+    JobOwner,
     Manifest,
     RetentionPolicy,
     ShardCommit,
@@ -53,6 +71,7 @@ from .model import (
     encode_manifest,
     retention_victims,
 )
+from .private import make_private_dir
 from .shard import CheckpointCorrupted
 
 __all__ = ["Catalog", "CatalogFS", "index_digest", "index_name", "MAX_WORLD", "MAX_META_BYTES"]
@@ -64,10 +83,11 @@ MAX_META_BYTES = 64 << 10
 #: aborted records kept per job (for ``ff ckpt ls --all``); older ones are forgotten
 KEEP_ABORTED = 16
 
-CKPT, CKSH, CKJB, CKPL = b"CKPT", b"CKSH", b"CKJB", b"CKPL"
+CKPT, CKSH, CKJB, CKPL, CKOW = b"CKPT", b"CKSH", b"CKJB", b"CKPL", b"CKOW"
 _rec_dec = msgspec.msgpack.Decoder(CheckpointRecord)
 _shard_dec = msgspec.msgpack.Decoder(ShardCommit)
 _pol_dec = msgspec.msgpack.Decoder(RetentionPolicy)
+_owner_dec = msgspec.msgpack.Decoder(JobOwner)
 _enc = msgspec.msgpack.Encoder()
 
 
@@ -116,6 +136,52 @@ def _job_records(txn: Txn, job: str, *, snapshot: bool = True) -> list[Checkpoin
     return out
 
 
+def _owner(txn: Txn, job: str, *, snapshot: bool = True) -> JobOwner | None:
+    raw = txn.get(CKOW + pack((job,)), snapshot=snapshot)
+    return None if raw is None else _owner_dec.decode(raw)
+
+
+def _job_known(txn: Txn, job: str, *, snapshot: bool = True) -> bool:
+    """Whether the catalog has anything of ``job`` (a checkpoint or a retention policy)."""
+    return (txn.get(CKPL + pack((job,)), snapshot=snapshot) is not None
+            or bool(txn.get_range(*prefix_range(CKJB + pack((job,))), limit=1, snapshot=snapshot)))
+
+
+def _refuse(job: str, owner: JobOwner | None, caller: CkptCaller, action: str) -> PermissionDenied:
+    if owner is None:
+        return PermissionDenied(
+            f"user {caller.user!r} may not {action} job {job!r}: the job was recorded before checkpoints "
+            "had owners, so only an admin may act on it (ask one to delete it, or save under another job name)",
+            job=job, user=caller.user, action=action)
+    return PermissionDenied(
+        f"user {caller.user!r} may not {action} job {job!r}: it belongs to user {owner.user!r}; only its "
+        "owner or an admin may (save under a job name of your own)",
+        job=job, user=caller.user, owner=owner.user, action=action)
+
+
+def _check_owner(txn: Txn, job: str, caller: CkptCaller | None, action: str, *, claim_at: float | None = None,
+                 snapshot: bool = True) -> str:
+    """The job's owner ("" when none) once ``caller`` may ``action`` it, else PermissionDenied.
+    With ``claim_at``, a job the catalog does not know yet becomes the caller's (the same
+    transaction records it, so two users racing for one name cannot both get it)."""
+    owner = _owner(txn, job, snapshot=snapshot)
+    if caller is None:
+        return owner.user if owner is not None else ""
+    if owner is None:
+        if not _job_known(txn, job, snapshot=snapshot):
+            if claim_at is None:
+                return ""  # nothing of it to protect (the caller gets NotFound or a default)
+            owner = JobOwner(user=caller.user, since=claim_at)
+            txn.set(CKOW + pack((job,)), _enc.encode(owner))
+            return owner.user
+        if caller.admin:
+            return ""
+        raise _refuse(job, None, caller, action)
+    if not caller.may_act_on(owner.user):
+        raise _refuse(job, owner, caller, action)
+    return owner.user
+
+
 def _forget(txn: Txn, rec: CheckpointRecord) -> None:
     txn.clear(_rec_key(rec.id))
     txn.clear(_job_key(rec))
@@ -143,12 +209,13 @@ class Catalog:
 
     # -- begin / commit / abort ---------------------------------------------------------------
     def begin(self, job: str, step: int, world_size: int, meta: dict[str, str] | None = None, *,
-              retention: RetentionPolicy | None = None) -> CheckpointRecord:
+              retention: RetentionPolicy | None = None, caller: CkptCaller | None = None) -> CheckpointRecord:
         """Open the checkpoint of ``job`` at ``step`` written by ``world_size`` ranks.
 
         Every rank may call it: the first creates the pending checkpoint, the others get the same
         one.  Refused: a step not after the job's newest committed one, a pending checkpoint of
-        the same step with another world size."""
+        the same step with another world size, a job of another user (``PermissionDenied``; the
+        first ``begin`` of a job makes it the caller's)."""
         check_job(job)
         if not isinstance(step, int) or step < 0:
             raise InvalidArgument(f"step must be an integer >= 0, got {step!r}", step=str(step))
@@ -165,6 +232,7 @@ class Catalog:
         fresh_id = new_id("ckpt")
 
         def txn_fn(txn: Txn) -> tuple[CheckpointRecord, bool]:
+            owner = _check_owner(txn, job, caller, "save into", claim_at=now, snapshot=False)
             if retention is not None:
                 txn.set(CKPL + pack((job,)), _enc.encode(retention))
             recs = _job_records(txn, job, snapshot=False)
@@ -189,13 +257,13 @@ class Catalog:
                 return _put(txn, msgspec.structs.replace(same_step, updated_at=now)), False
             rec = CheckpointRecord(
                 id=fresh_id, job=job, step=step, world_size=world_size, directory=self._directory(job, step, fresh_id),
-                state=CkptState.PENDING, meta=meta, created_at=now, updated_at=now)
+                state=CkptState.PENDING, meta=meta, created_at=now, updated_at=now, owner=owner)
             return _put(txn, rec), True
 
         rec, created = self.kv.run(txn_fn)
         if created:
             if self.create_dirs:
-                self.fs.mkdir(rec.directory, parents=True, exist_ok=True)
+                make_private_dir(self.fs, rec.directory)  # 0700, as the ranks make it in 3FS
             log.info("ckpt.begin", checkpoint=rec.id, job=job, step=step, world_size=world_size)
         return rec
 
@@ -203,10 +271,11 @@ class Catalog:
         base = "" if self.root == "/" else self.root
         return f"{base}/{job}/step{step:010d}-{ckpt_id.rsplit('-', 1)[-1][-8:].lower()}"
 
-    def commit_shard(self, ckpt_id: str, rank: int, digest: str, nbytes: int) -> CheckpointRecord:
+    def commit_shard(self, ckpt_id: str, rank: int, digest: str, nbytes: int, *,
+                     caller: CkptCaller | None = None) -> CheckpointRecord:
         """Record that ``rank`` wrote its shards and index (whose digest is ``digest``); the last
         rank's call commits the checkpoint and returns the committed record."""
-        rec = self.get(ckpt_id)
+        rec = self._get_as(ckpt_id, caller, "commit to")
         if not isinstance(rank, int) or not 0 <= rank < rec.world_size:
             raise InvalidArgument(f"rank {rank} is outside checkpoint {ckpt_id}'s world of {rec.world_size} ranks",
                                   checkpoint=ckpt_id, rank=str(rank), world_size=rec.world_size)
@@ -298,8 +367,11 @@ class Catalog:
         self.apply_retention(done.job)
         return done
 
-    def abort(self, ckpt_id: str, reason: str = "aborted by the client") -> CheckpointRecord:
+    def abort(self, ckpt_id: str, reason: str = "aborted by the client", *,
+              caller: CkptCaller | None = None) -> CheckpointRecord:
         """Abort a pending checkpoint and remove its directory (the record stays, saying why)."""
+        if caller is not None:
+            self._get_as(ckpt_id, caller, "abort a checkpoint of")
         now = self.clock.time()
 
         def txn_fn(txn: Txn) -> CheckpointRecord:
@@ -318,13 +390,28 @@ class Catalog:
         return rec
 
     # -- reading --------------------------------------------------------------------------------
-    def get(self, ckpt_id: str) -> CheckpointRecord:
-        return self.kv.run(lambda txn: _get(txn, ckpt_id, snapshot=True))
+    def get(self, ckpt_id: str, *, caller: CkptCaller | None = None) -> CheckpointRecord:
+        return self._get_as(ckpt_id, caller, "read a checkpoint of")
 
-    def list(self, job: str, *, include_all: bool = False) -> list[CheckpointRecord]:
+    def _get_as(self, ckpt_id: str, caller: CkptCaller | None, action: str) -> CheckpointRecord:
+        def txn_fn(txn: Txn) -> CheckpointRecord:
+            rec = _get(txn, ckpt_id, snapshot=True)
+            if caller is not None:
+                _check_owner(txn, rec.job, caller, action)
+            return rec
+        return self.kv.run(txn_fn)
+
+    def owner(self, job: str) -> str:
+        """The user ``job`` belongs to ("" when it has none)."""
+        check_job(job)
+        got = self.kv.run(lambda txn: _owner(txn, job))
+        return got.user if got is not None else ""
+
+    def list(self, job: str, *, include_all: bool = False, caller: CkptCaller | None = None) -> list[CheckpointRecord]:
         """A job's checkpoints in step order (committed only, unless ``include_all``)."""
         check_job(job)
         def txn_fn(txn: Txn) -> tuple[list[CheckpointRecord], bool]:
+            _check_owner(txn, job, caller, "list")
             return _job_records(txn, job), txn.get(CKPL + pack((job,)), snapshot=True) is not None
 
         recs, has_policy = self.kv.run(txn_fn)
@@ -332,40 +419,54 @@ class Catalog:
             raise NotFound(f"unknown job {job!r}: it has no checkpoints", job=job)
         return [r for r in recs if include_all or r.committed]
 
-    def latest(self, job: str) -> CheckpointRecord:
-        recs = self.list(job)
+    def latest(self, job: str, *, caller: CkptCaller | None = None) -> CheckpointRecord:
+        recs = self.list(job, caller=caller)
         if not recs:
             raise NotFound(f"job {job} has no committed checkpoint yet", job=job)
         return recs[-1]
 
-    def jobs(self) -> list[str]:
+    def jobs(self, *, caller: CkptCaller | None = None) -> list[str]:
+        """The jobs the catalog knows, by name; a non-admin ``caller`` gets only its own."""
         def txn_fn(txn: Txn) -> list[str]:
-            out: list[str] = []
+            owners = {str(unpack(k[len(CKOW):])[0]): _owner_dec.decode(v).user
+                      for k, v in txn.get_range(*prefix_range(CKOW), snapshot=True)}
+            seen: set[str] = set(owners)
             for k, _ in txn.get_range(*prefix_range(CKPL), snapshot=True):
-                out.append(str(unpack(k[len(CKPL):])[0]))
-            seen = set(out)
+                seen.add(str(unpack(k[len(CKPL):])[0]))
             for k, _ in txn.get_range(*prefix_range(CKJB), snapshot=True):
-                job = str(unpack(k[len(CKJB):])[0])
-                if job not in seen:
-                    seen.add(job)
-                    out.append(job)
-            return sorted(out)
+                seen.add(str(unpack(k[len(CKJB):])[0]))
+            if caller is not None and not caller.admin:
+                seen = {j for j in seen if owners.get(j) == caller.user}
+            return sorted(seen)
         return self.kv.run(txn_fn)
 
-    def shards(self, ckpt_id: str) -> list[ShardCommit]:
-        self.get(ckpt_id)
+    def shards(self, ckpt_id: str, *, caller: CkptCaller | None = None) -> list[ShardCommit]:
+        self.get(ckpt_id, caller=caller)
         return sorted(self._shards(ckpt_id), key=lambda s: s.rank)
 
     # -- retention, pinning, deletion ----------------------------------------------------------
-    def retention(self, job: str) -> RetentionPolicy:
+    def retention(self, job: str, *, caller: CkptCaller | None = None) -> RetentionPolicy:
         check_job(job)
-        raw = self.kv.run(lambda txn: txn.get(CKPL + pack((job,)), snapshot=True))
+
+        def txn_fn(txn: Txn) -> bytes | None:
+            _check_owner(txn, job, caller, "read the retention of")
+            return txn.get(CKPL + pack((job,)), snapshot=True)
+
+        raw = self.kv.run(txn_fn)
         return RetentionPolicy() if raw is None else _pol_dec.decode(raw)
 
-    def set_retention(self, job: str, policy: RetentionPolicy) -> RetentionPolicy:
+    def set_retention(self, job: str, policy: RetentionPolicy, *, caller: CkptCaller | None = None) -> RetentionPolicy:
+        """Set ``job``'s retention policy (and apply it); a job the catalog does not know yet
+        becomes the caller's."""
         check_job(job)
         policy.check()
-        self.kv.run(lambda txn: txn.set(CKPL + pack((job,)), _enc.encode(policy)))
+        now = self.clock.time()
+
+        def txn_fn(txn: Txn) -> None:
+            _check_owner(txn, job, caller, "change the retention of", claim_at=now, snapshot=False)
+            txn.set(CKPL + pack((job,)), _enc.encode(policy))
+
+        self.kv.run(txn_fn)
         self.apply_retention(job)
         return policy
 
@@ -383,15 +484,18 @@ class Catalog:
                      keep_every=policy.keep_every)
         return victims
 
-    def pin(self, ckpt_id: str, pinned: bool = True) -> CheckpointRecord:
+    def pin(self, ckpt_id: str, pinned: bool = True, *, caller: CkptCaller | None = None) -> CheckpointRecord:
         def txn_fn(txn: Txn) -> CheckpointRecord:
-            return _put(txn, msgspec.structs.replace(_get(txn, ckpt_id), pinned=pinned))
+            rec = _get(txn, ckpt_id)
+            _check_owner(txn, rec.job, caller, "pin or unpin a checkpoint of", snapshot=False)
+            return _put(txn, msgspec.structs.replace(rec, pinned=pinned))
         return self.kv.run(txn_fn)
 
-    def delete(self, ckpt_id: str, *, force: bool = False) -> CheckpointRecord:
+    def delete(self, ckpt_id: str, *, force: bool = False, caller: CkptCaller | None = None) -> CheckpointRecord:
         """Delete a committed or aborted checkpoint: its directory, then its records.  A pinned one
-        needs ``force``; a pending one is aborted first."""
-        rec = self.get(ckpt_id)
+        needs ``force``; a pending one is aborted first.  The files are removed with the catalog's
+        own file-system rights (the service's), so the caller's ownership is checked first."""
+        rec = self._get_as(ckpt_id, caller, "delete a checkpoint of")
         if rec.state is CkptState.PENDING:
             rec = self.abort(ckpt_id, "deleted")
         if rec.pinned and not force:

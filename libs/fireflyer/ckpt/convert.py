@@ -24,7 +24,7 @@ def record_to_pb(r: CheckpointRecord) -> pb.Checkpoint:
     return pb.Checkpoint(id=r.id, job=r.job, step=r.step, world_size=r.world_size, directory=r.directory,
                          state=STATE_TO_PB[r.state], meta=dict(r.meta), created_at=r.created_at,
                          updated_at=r.updated_at, committed_at=r.committed_at, ranks_committed=r.ranks_committed,
-                         nbytes=r.nbytes, pinned=r.pinned, reason=r.reason)
+                         nbytes=r.nbytes, pinned=r.pinned, reason=r.reason, owner=r.owner)
 
 
 def record_from_pb(m: pb.Checkpoint) -> CheckpointRecord:
@@ -36,7 +36,7 @@ def record_from_pb(m: pb.Checkpoint) -> CheckpointRecord:
     return CheckpointRecord(id=m.id, job=m.job, step=m.step, world_size=m.world_size, directory=m.directory,
                             state=state, meta=dict(m.meta), created_at=m.created_at, updated_at=m.updated_at,
                             committed_at=m.committed_at, ranks_committed=m.ranks_committed, nbytes=m.nbytes,
-                            pinned=m.pinned, reason=m.reason)
+                            pinned=m.pinned, reason=m.reason, owner=m.owner)
 
 
 def shard_to_pb(s: ShardCommit) -> pb.Shard:

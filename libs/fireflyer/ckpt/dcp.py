@@ -43,6 +43,7 @@ from torch.futures import Future
 from fireflyer.core.errors import FsError, NotFound
 from fireflyer.storage.checksum import crc32c
 
+from .private import make_private_dir, write_private
 from .shard import IO_BYTES, CheckpointCorrupted, ParallelFS
 from .state import torch_dtype
 
@@ -104,7 +105,7 @@ class FFStorageWriter(StorageWriter):
         return StorageMeta(checkpoint_id=self.path, save_id=self.save_id)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        self.fs.mkdir(self.path, parents=True, exist_ok=True)
+        make_private_dir(self.fs, self.path)  # 0700, files 0600: the writer's alone
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
@@ -137,7 +138,7 @@ class FFStorageWriter(StorageWriter):
             info = FFStorageInfo(name, offset, view.nbytes, crc32c(view), dtype, shape)
             results.append(WriteResult(index=item.index, size_in_bytes=view.nbytes, storage_data=info))
             offset += -(-view.nbytes // _ALIGN) * _ALIGN
-        self.fs.write_bytes(target, b"")  # 3FS writes only to existing files
+        write_private(self.fs, target, b"")  # 3FS writes only to existing files
         if ios:
             with ThreadPoolExecutor(self.io_threads, thread_name_prefix="ff-dcp-io") as pool:
                 out = ParallelFS(self.fs, pool, self.io_threads).batch_write(ios)
@@ -148,7 +149,7 @@ class FFStorageWriter(StorageWriter):
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         metadata.storage_data = {wr.index: wr.storage_data for rank in results for wr in rank}
-        self.fs.write_bytes(_join(self.path, METADATA_NAME), pickle.dumps(metadata))
+        write_private(self.fs, _join(self.path, METADATA_NAME), pickle.dumps(metadata))
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:

@@ -94,13 +94,13 @@ class LocalFS:
         except OSError as e:
             raise self._fs_error("mkdir", path, e) from None
 
-    def write_bytes(self, path: str, data: Any) -> int:
+    def write_bytes(self, path: str, data: Any, *, mode: int = 0o644) -> int:
         """Replace the file's content with ``data`` (written to a temporary name, then renamed,
-        so a reader sees the old file or the new one)."""
+        so a reader sees the old file or the new one); the file gets ``mode`` (less the umask)."""
         p = self._path(path)
         tmp = f"{p}.tmp{os.getpid()}"
         try:
-            with open(tmp, "wb") as f:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as f:
                 n = f.write(data)
             os.replace(tmp, p)
             return n

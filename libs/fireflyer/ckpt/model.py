@@ -23,7 +23,7 @@ from fireflyer.bus.events import Event
 from fireflyer.core.errors import InvalidArgument
 
 __all__ = [
-    "CkptState", "ShardCommit", "CheckpointRecord", "RetentionPolicy", "Manifest", "CheckpointCommitted",
+    "CkptState", "ShardCommit", "CheckpointRecord", "JobOwner", "CkptCaller", "RetentionPolicy", "Manifest", "CheckpointCommitted",
     "MANIFEST_NAME", "MANIFEST_FORMAT", "check_job", "retention_victims", "encode_manifest", "decode_manifest",
 ]
 
@@ -69,10 +69,33 @@ class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True):
     pinned: bool = False
     #: why it was aborted
     reason: str = ""
+    #: the user the job belongs to ("" in a catalog used without owners, e.g. a local root)
+    owner: str = ""
 
     @property
     def committed(self) -> bool:
         return self.state is CkptState.COMMITTED
+
+
+class JobOwner(msgspec.Struct, frozen=True, kw_only=True):
+    """Who a job belongs to: the user who first saved to it (or first set its retention).
+    Kept as long as the catalog knows the job, also after its last checkpoint is deleted, so
+    that no one else can take the name over."""
+
+    user: str
+    since: float = 0.0
+
+
+class CkptCaller(msgspec.Struct, frozen=True):
+    """Who asks the catalog: the authenticated user and whether it is an admin (who may act on
+    every job).  The checkpoint service builds it from the RPC's principal; a catalog used in
+    one process without a service passes none and is not checked."""
+
+    user: str
+    admin: bool = False
+
+    def may_act_on(self, owner: str) -> bool:
+        return self.admin or self.user == owner
 
 
 class RetentionPolicy(msgspec.Struct, frozen=True, kw_only=True):

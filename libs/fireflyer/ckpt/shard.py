@@ -22,6 +22,7 @@ from fireflyer.core.errors import FireFlyerError, InvalidArgument
 from fireflyer.storage.checksum import crc32c
 
 from .index import ShardFile, ShardIndex, TensorEntry, ValueEntry, encode_index, index_name
+from .private import make_private_dir, write_private
 from .state import FlatState, ValueLeaf, _as_path, _matches, numpy_dtype, torch_dtype
 
 __all__ = ["ShardLayout", "CheckpointCorrupted", "BatchFS", "pack", "write_shards", "read_tensors",
@@ -133,10 +134,10 @@ def write_shards(fs: BatchFS, directory: str, index: ShardIndex,
     is a multiple of the chunk size, as the default 64 MiB is of every 3FS chunk size)."""
     bufs = tensors.buffers() if isinstance(tensors, FlatState) else tensors
     if hasattr(fs, "mkdir") and directory:
-        fs.mkdir(directory, parents=True, exist_ok=True)  # type: ignore[attr-defined]
+        make_private_dir(fs, directory)  # 0700: the job's files are its owner's alone
     if hasattr(fs, "write_bytes"):
         for s in index.shards:
-            fs.write_bytes(_join(directory, s.name), b"")  # type: ignore[attr-defined]
+            write_private(fs, _join(directory, s.name), b"")  # 0600
     ios: list[tuple[str, int, memoryview]] = []
     what: list[str] = []
     if arena is not None and layouts is not None and all(lay.base >= 0 for lay in layouts):
@@ -179,7 +180,7 @@ def write_index(fs: Any, directory: str, index: ShardIndex) -> bytes:
     data = encode_index(index)
     path = _join(directory, index_name(index.rank))
     if hasattr(fs, "write_bytes"):
-        fs.write_bytes(path, data)
+        write_private(fs, path, data)
     else:
         _check(fs.batch_write([(path, 0, memoryview(data))]), [path])
     return data

@@ -1,6 +1,6 @@
 """``ff ckpt``: the checkpoint catalog of the checkpoint service.
 
-    ff ckpt jobs [--json]                                  jobs that have checkpoints (or a retention policy)
+    ff ckpt jobs [--json]                                  your jobs that have checkpoints (an admin: every job)
     ff ckpt ls JOB [--all] [--json]                        a job's committed checkpoints (--all: also pending/aborted)
     ff ckpt show ID [--json] [--local-root DIR]            one checkpoint: record, per-rank shards, tensors
     ff ckpt rm ID [--force]                                delete it (--force: even when pinned)
@@ -9,7 +9,8 @@
 
 The address is ``--address``, else ``FF_CKPT_ADDR``, else the checkpoint service of the local
 cluster's ``cluster.json`` (``ff up``; ``--state-dir``, else ``FF_STATE_DIR``, else ``.ff``); the token ``--token``, else ``FF_TOKEN``, else the
-cluster's user token.  ``show`` lists tensors by reading each rank's index from the file system:
+cluster's user token.  A job belongs to the user who first saved to it: only that user or an admin
+may list, show, pin, retain or delete its checkpoints.  ``show`` lists tensors by reading each rank's index from the file system:
 3FS through ``FF_META_ADDR``/``FF_MGMTD_ADDR`` or the local cluster, or ``--local-root`` (also
 ``FF_CHECKPOINT_LOCAL_ROOT``) when the service keeps checkpoints in a local directory.
 """
@@ -116,6 +117,7 @@ def show_text(rec: Any, shards: list[Any], tensors: list[dict[str, Any]] | None,
     out = [f"checkpoint {rec.id}: job {rec.job} step {rec.step}, {rec.state.value}"
            + (" (pinned)" if rec.pinned else ""),
            f"directory:  {rec.directory}",
+           *([f"owner:      {rec.owner}"] if rec.owner else []),
            f"ranks:      {rec.ranks_committed}/{rec.world_size} committed, {_size(rec.nbytes)}",
            f"created:    {_when(rec.created_at)}   committed: {_when(rec.committed_at)}"]
     if rec.reason:

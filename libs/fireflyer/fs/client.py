@@ -377,8 +377,9 @@ class FileSystem:
         with self.open(path, "rb", buffering=0) as f:
             return f.pread(f.size() - offset if length is None else length, offset) if offset < f.size() else b""
 
-    def write_bytes(self, path: str, data: Buffer) -> int:
-        with self.open(path, "wb", buffering=0) as f:
+    def write_bytes(self, path: str, data: Buffer, *, mode: int = 0o644) -> int:
+        """Replace ``path``'s content with ``data``; a new file is created with ``mode``."""
+        with self.open(path, "wb", buffering=0, create_mode=mode) as f:
             return f.pwrite(data, 0)
 
     # -- data path (used by File and the batch calls) -------------------------------------

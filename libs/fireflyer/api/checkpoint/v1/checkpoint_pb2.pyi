@@ -23,7 +23,7 @@ CKPT_STATE_ABORTED: CkptState
 CKPT_STATE_DELETING: CkptState
 
 class Checkpoint(_message.Message):
-    __slots__ = ("id", "job", "step", "world_size", "directory", "state", "meta", "created_at", "updated_at", "committed_at", "ranks_committed", "nbytes", "pinned", "reason")
+    __slots__ = ("id", "job", "step", "world_size", "directory", "state", "meta", "created_at", "updated_at", "committed_at", "ranks_committed", "nbytes", "pinned", "reason", "owner")
     class MetaEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class Checkpoint(_message.Message):
     NBYTES_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     id: str
     job: str
     step: int
@@ -59,7 +60,8 @@ class Checkpoint(_message.Message):
     nbytes: int
     pinned: bool
     reason: str
-    def __init__(self, id: _Optional[str] = ..., job: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., directory: _Optional[str] = ..., state: _Optional[_Union[CkptState, str]] = ..., meta: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., committed_at: _Optional[float] = ..., ranks_committed: _Optional[int] = ..., nbytes: _Optional[int] = ..., pinned: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    owner: str
+    def __init__(self, id: _Optional[str] = ..., job: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., directory: _Optional[str] = ..., state: _Optional[_Union[CkptState, str]] = ..., meta: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., committed_at: _Optional[float] = ..., ranks_committed: _Optional[int] = ..., nbytes: _Optional[int] = ..., pinned: _Optional[bool] = ..., reason: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class Shard(_message.Message):
     __slots__ = ("rank", "index_digest", "nbytes", "committed_at")
