@@ -39,7 +39,7 @@ from fireflyer.meta.homes import gets_home, home_path, valid_home_name
 from fireflyer.meta.limits import MAX_PATH, check_open_flags, check_path_bytes, check_time
 from fireflyer.rpc import current_principal
 
-from .users import UserIds, ids_for
+from .users import UserIds, acts_as_root, ids_for
 
 __all__ = ["MetaServicer", "SERVICE_NAME", "check_path", "check_mode", "request_id"]
 
@@ -110,7 +110,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         who = current_principal()
         caller = self._callers.get(who)
         if caller is None:
-            ids = ids_for(who.user, admin_role=who.has_role("admin"), table=self.users)
+            ids = ids_for(who.user, admin_role=acts_as_root(who.has_role), table=self.users)
             caller = Caller(ids.uid, ids.gid, groups=tuple(ids.groups), admin=ids.admin, user=who.user)
             if len(self._callers) < 4096:  # bounded: principals come from the token store
                 self._callers[who] = caller

@@ -3,8 +3,9 @@
 Tokens name users and roles (``fireflyer.rpc.auth``); POSIX permissions need
 numbers.  The meta service maps a caller in this order:
 
-1. the **admin role** is root: uid 0, gid 0, ``admin=True`` (the library's
-   permission checks are bypassed, as for root on a local file system);
+1. the **admin and service roles** are root: uid 0, gid 0, ``admin=True`` (the library's
+   permission checks are bypassed, as for root on a local file system); see
+   :func:`acts_as_root`, the one place that decides it;
 2. an explicit entry in the ``[meta.users]`` setting (``FF_META_USERS`` as JSON,
    e.g. ``{"alice": {"uid": 1000, "gid": 1000, "groups": [100]}}``) wins;
 3. otherwise a **deterministic uid from the name**: ``uid = gid = 100000 +
@@ -20,11 +21,11 @@ groups come only from the explicit table.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import msgspec
 
-__all__ = ["UserIds", "ROOT", "uid_for_name", "ids_for"]
+__all__ = ["UserIds", "ROOT", "uid_for_name", "ids_for", "acts_as_root"]
 
 #: the lowest deterministic uid: well above system and typical local accounts
 UID_BASE = 100_000
@@ -48,6 +49,18 @@ def uid_for_name(user: str) -> int:
     """The deterministic uid of a user name (also its gid)."""
     digest = hashlib.sha256(user.encode()).digest()
     return UID_BASE + int.from_bytes(digest[:4], "big") % _UID_SPAN
+
+
+def acts_as_root(has_role: Callable[[str], bool]) -> bool:
+    """Whether a caller (its ``Principal.has_role``) is root in the file system.
+
+    Operators (``admin``) are, as root is on a host.  So are the cluster's own processes
+    (``service``), as the kernel is: the checkpoint service writes ``MANIFEST`` files into
+    users' job directories and deletes a job's shard files (after checking the job's owner
+    itself), and meta's own cleaners touch every user's chunks.  Users never hold the
+    service role (only ``ff up`` / deployment secrets issue it), so this grants a user nothing.
+    """
+    return has_role("admin") or has_role("service")
 
 
 def ids_for(user: str, *, admin_role: bool, table: Mapping[str, UserIds]) -> UserIds:

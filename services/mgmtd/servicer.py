@@ -1,9 +1,15 @@
 """gRPC edge of mgmtd: protobuf in, :class:`~services.mgmtd.loops.MgmtdCore` calls, protobuf out.
 
 Only conversion and role checks live here.  Reads (GetRoutingInfo, GetPrimary, List*)
-and Heartbeat need any valid token (the interceptor refuses calls without one);
-mutations need the ``admin`` role.  Bad requests raise InvalidArgument while
-converting, before the core is called, so nothing is written.
+need any valid token (the interceptor refuses calls without one).  Heartbeat -- which
+registers a node and with it the address its peers and clients send their tokens to --
+needs the ``service`` role, which only the cluster's own credentials carry (not users, not
+admins: an operator's token is not a node); the node is then bound to the calling service
+user (:func:`fireflyer.mgmt.registry.check_owner`).  Chain mutations need ``admin`` or
+``service``: operators run them, and a storage node runs three itself -- CreateChains and
+CreateChainTable for ``init_chains`` (a local cluster's first chains) and OfflineTarget to
+repair a corrupted chunk.  Bad requests raise InvalidArgument while converting, before the
+core is called, so nothing is written.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from typing import Any
 from fireflyer.api.mgmtd.v1 import mgmtd_pb2 as pb
 from fireflyer.api.mgmtd.v1 import mgmtd_pb2_grpc as pb_grpc
 from fireflyer.mgmt import convert, edits
-from fireflyer.rpc import requires
+from fireflyer.rpc import current_principal, requires
 
 from .loops import MgmtdCore
 
@@ -32,8 +38,9 @@ class MgmtdServicer(pb_grpc.MgmtdServiceServicer):
             return pb.GetRoutingInfoReply(changed=False, routing=pb.RoutingInfo(version=routing.version))
         return pb.GetRoutingInfoReply(changed=True, routing=convert.routing_to_pb(routing))
 
+    @requires("service")
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatReply:
-        hb = convert.heartbeat_from_pb(request)
+        hb = convert.heartbeat_from_pb(request, sender=current_principal().user)
         version = await self.core.heartbeat(hb)
         return pb.HeartbeatReply(routing_version=version, primary=self.core.node_id,
                                  fail_interval_s=self.core.cfg.fail_interval_s)
@@ -63,7 +70,7 @@ class MgmtdServicer(pb_grpc.MgmtdServiceServicer):
         return pb.ListChainTablesReply(routing_version=r.version,
                                        chain_tables=[convert.table_to_pb(t) for t in r.chain_tables])
 
-    @requires("admin")
+    @requires("admin", "service")
     async def CreateChains(self, request: pb.CreateChainsRequest, context: Any) -> pb.CreateChainsReply:
         specs = [edits.ChainSpec(chain_id=c.chain_id,
                                  targets=tuple(edits.TargetSpec(target_id=t.target_id, node_id=t.node_id,
@@ -74,7 +81,7 @@ class MgmtdServicer(pb_grpc.MgmtdServiceServicer):
         return pb.CreateChainsReply(routing_version=new.version,
                                     chains=[convert.chain_to_pb(c) for c in new.chains if c.chain_id in wanted])
 
-    @requires("admin")
+    @requires("admin", "service")
     async def CreateChainTable(self, request: pb.CreateChainTableRequest, context: Any
                                ) -> pb.CreateChainTableReply:
         ids, desc = tuple(request.chain_ids), request.desc
@@ -82,7 +89,7 @@ class MgmtdServicer(pb_grpc.MgmtdServiceServicer):
         table = edits.latest_tables(new)[request.table_id]
         return pb.CreateChainTableReply(routing_version=new.version, table=convert.table_to_pb(table))
 
-    @requires("admin")
+    @requires("admin", "service")
     async def OfflineTarget(self, request: pb.OfflineTargetRequest, context: Any) -> pb.OfflineTargetReply:
         new = await self.core.offline_target(request.target_id)
         target = next(t for t in new.targets if t.target_id == request.target_id)

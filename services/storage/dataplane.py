@@ -218,12 +218,19 @@ class DataPlane:
 
     @staticmethod
     def authorize(op: str, principal: object) -> None:
-        """Whether an authenticated ``principal`` may run ``op`` (wire requests and local reads alike)."""
+        """Whether an authenticated ``principal`` may run ``op`` (wire requests and local reads alike).
+
+        The ops that are not client ops (CRAQ ``update`` forwarding, resync's ``dump_meta`` /
+        ``sync_*``, ``remove_range``) are the cluster's own traffic: they need the ``service``
+        role.  Admins are refused too: no operator tool sends them, and an operator's token has
+        no business changing a replica behind the chain's back."""
         if op not in CLIENT_OPS:
             has_role = getattr(principal, "has_role", None)
-            if has_role is not None and not has_role("admin"):
+            if has_role is not None and not has_role("service"):
                 user = str(getattr(principal, "user", principal))
-                raise PermissionDenied(f"{op} is for storage services and admins, not user {user}", op=op, user=user)
+                raise PermissionDenied(f"{op} is for the cluster's services (role service), not user {user}: "
+                                       "storage nodes and meta send it with their service credential",
+                                       op=op, user=user)
 
     # -- validation -------------------------------------------------------------------
 

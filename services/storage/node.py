@@ -36,7 +36,7 @@ from fireflyer.mgmt.model import Chain, LocalState, NodeType, PublicState, Routi
 from fireflyer.mgmt.registry import Heartbeat, TargetReport
 from fireflyer.storage import ChunkId, ChunkStore, NotServing, Replica
 from fireflyer.storage.localread import local_tag
-from fireflyer.storage.protocol import split_address, wire_address, wire_tag
+from fireflyer.storage.protocol import split_address, trusted_peer, wire_address, wire_tag
 
 __all__ = ["TargetRuntime", "StorageNode"]
 
@@ -96,7 +96,8 @@ class StorageNode:
             addresses: dict[TargetId, str] = {}
             for t in routing.targets:
                 n = nodes.get(t.node_id)
-                addr = wire_address(n.tags) if n is not None else None
+                # our service token goes only to storage nodes a service registered
+                addr = wire_address(n.tags) if n is not None and trusted_peer(n) else None
                 if addr:
                     addresses[t.target_id] = addr
             self._target_chain = {tid: c.chain_id for c in routing.chains for tid in c.target_ids}

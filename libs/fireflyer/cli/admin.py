@@ -262,7 +262,8 @@ def register(subparsers: Any) -> None:
     usub = us.add_subparsers(dest="users_command", metavar="ACTION")
     ua = usub.add_parser("add", help="add a user; prints its new token once")
     ua.add_argument("name")
-    ua.add_argument("--role", dest="user_role", choices=["user", "admin"], default="user")
+    # "service" is listed so that asking for it gets plan_add's explanation, not argparse's "invalid choice"
+    ua.add_argument("--role", dest="user_role", choices=["user", "admin", "service"], default="user")
     ux = ua.add_mutually_exclusive_group()
     ux.add_argument("--expires-in", default=None, metavar="DURATION", help="e.g. 90d, 12h, 1h30m (default: never)")
     ux.add_argument("--expires", default=None, metavar="AT", help="RFC 3339 time, e.g. 2027-01-31T00:00:00Z")

@@ -1,7 +1,7 @@
 """What ``ff up`` leaves in the state dir, and how it is read back.
 
     <state>/cluster.json   ClusterRecord: pids (with their start times), ports, addresses
-    <state>/tokens.json    bearer tokens (admin and the local user), mode 0600
+    <state>/tokens.json    bearer tokens (admin, the local user, one svc-<name> per service), mode 0600
     <state>/logs/          one log per process (<instance>.log, nats.log)
     <state>/nats/          the JetStream store of the managed nats-server
     <state>/nats.port      the managed nats-server's client port, kept for the life of the state dir
@@ -21,13 +21,13 @@ import fcntl
 import getpass
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import msgspec
 
 from fireflyer.core.errors import FailedPrecondition, FireFlyerError, SettingsError
-from fireflyer.rpc.auth import TokenEntry, generate_token, validate_entries, write_tokens_file
+from fireflyer.rpc.auth import SERVICE_ROLE, TokenEntry, generate_token, validate_entries, write_tokens_file
 
 __all__ = [
     "NatsRecord",
@@ -42,6 +42,8 @@ __all__ = [
     "write_atomic",
     "TokenEntry",
     "TokensFile",
+    "SERVICE_USER_PREFIX",
+    "service_user",
     "ensure_tokens",
     "read_tokens",
     "state_lock",
@@ -201,6 +203,23 @@ class TokensFile(msgspec.Struct, frozen=True):
         now = time.time()
         return next((t for t in self.tokens if role in t.roles and t.token and t.state(now) == "active"), None)
 
+    def for_service(self, name: str) -> TokenEntry | None:
+        """The credential ``ff up`` gives the processes of service ``name`` (user ``svc-<name>``,
+        role ``service``): plain, neither revoked nor expired."""
+        now = time.time()
+        user = service_user(name)
+        return next((t for t in self.tokens if t.user == user and SERVICE_ROLE in t.roles and t.token
+                     and t.state(now) == "active"), None)
+
+
+#: user names of the cluster's own credentials start with this (``ff admin users add`` refuses it)
+SERVICE_USER_PREFIX = "svc-"
+
+
+def service_user(name: str) -> str:
+    """The user of service ``name``'s credential: ``svc-<name>`` (``svc-storage``, ``svc-meta``)."""
+    return f"{SERVICE_USER_PREFIX}{name}"
+
 
 def read_tokens(path: Path) -> TokensFile:
     try:
@@ -221,15 +240,20 @@ def _local_user() -> str:
         return f"uid{os.getuid()}"
 
 
-def ensure_tokens(path: Path) -> TokensFile:
-    """Keep a valid tokens file (clients may hold its tokens); otherwise write a fresh one, mode 0600."""
+def ensure_tokens(path: Path, services: Sequence[str] = ()) -> TokensFile:
+    """Keep a valid tokens file (clients may hold its tokens); otherwise write a fresh one, mode 0600.
+
+    Valid: a usable admin entry, a usable user entry, and a usable service credential
+    (``svc-<name>``, role ``service``) for each of ``services``.  What is missing is added
+    fresh; every other entry is kept."""
     entries: list[TokenEntry] = []
     if path.exists():
         try:
             existing = read_tokens(path)
         except FireFlyerError:
             existing = None
-        if existing is not None and existing.for_role("admin") and existing.for_role("user"):
+        if (existing is not None and existing.for_role("admin") and existing.for_role("user")
+                and all(existing.for_service(s) for s in services)):
             os.chmod(path, 0o600)
             return existing
         if existing is not None:
@@ -239,6 +263,9 @@ def ensure_tokens(path: Path) -> TokensFile:
         entries.append(TokenEntry(token=generate_token(), user="admin", roles=["admin"]))
     if not TokensFile(entries).for_role("user"):
         entries.append(TokenEntry(token=generate_token(), user=_local_user(), roles=["user"]))
+    for name in dict.fromkeys(services):
+        if not TokensFile(entries).for_service(name):
+            entries.append(TokenEntry(token=generate_token(), user=service_user(name), roles=[SERVICE_ROLE]))
     write_tokens_file(path, entries)
     return TokensFile(entries)
 

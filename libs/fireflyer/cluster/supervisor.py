@@ -180,7 +180,7 @@ def _start_nats(cfg: ClusterConfig, paths: StatePaths, env: Mapping[str, str]) -
 
 
 def _service_env(base: Mapping[str, str], *, paths: StatePaths, nats_url: str, port: int, instance: str,
-                 admin_token: str, extra: Mapping[str, str]) -> dict[str, str]:
+                 service_token: str, extra: Mapping[str, str]) -> dict[str, str]:
     env = dict(base)
     env.update({
         "FF_STATE_DIR": str(paths.root),
@@ -189,7 +189,9 @@ def _service_env(base: Mapping[str, str], *, paths: StatePaths, nats_url: str, p
         "FF_RPC_PORT": str(port),
         "FF_INSTANCE": instance,
         "FF_AUTH_TOKENS_FILE": str(paths.tokens),
-        "FF_TOKEN": admin_token,
+        # the service's own credential (svc-<name>, role service), never the admin's: a peer it
+        # calls is trusted with this token only, and mgmtd binds the nodes it registers to it
+        "FF_TOKEN": service_token,
         "FF_TELEMETRY_SPAN_FILE": str(paths.spans),
         "FF_LOG_FORMAT": "json",
         # a service's log must reach the file as it happens, not when a buffer fills
@@ -217,7 +219,7 @@ def address_env(planned: Sequence[tuple[str, str]]) -> dict[str, str]:
 
 
 def _start_services(cfg: ClusterConfig, paths: StatePaths, env: Mapping[str, str], cwd: Path, nats_url: str,
-                    admin_token: str, started: list[_Started]) -> None:
+                    tokens: TokensFile, started: list[_Started]) -> None:
     """Spawn every instance, appending to ``started`` as it goes (the caller cleans up on error)."""
     total = sum(s.replicas for s in cfg.service)
     ports = iter(free_ports(total, RPC_HOST))
@@ -225,9 +227,11 @@ def _start_services(cfg: ClusterConfig, paths: StatePaths, env: Mapping[str, str
     addresses = address_env([(entry.name, f"{RPC_HOST}:{port}") for entry, _, port in planned])
     for entry, instance, port in planned:
         log_path = paths.log_for(instance)
+        credential = tokens.for_service(entry.name)
+        assert credential is not None  # ensure_tokens made one per service of the config
         # the cluster's addresses first, so an entry's own env can still override one
         child_env = _service_env({**env, **addresses}, paths=paths, nats_url=nats_url, port=port,
-                                 instance=instance, admin_token=admin_token, extra=entry.env)
+                                 instance=instance, service_token=credential.token, extra=entry.env)
         popen = spawn([sys.executable, "-m", entry.module, *entry.args], env=child_env, cwd=cwd,
                       log_path=log_path)
         seen = observe(popen.pid)
@@ -333,15 +337,13 @@ def up(*, config_path: Path, state_dir: Path, env: Mapping[str, str], cwd: Path,
             console.print(f"replacing stale {paths.record}: none of its processes is running", highlight=False)
             remove_record(paths)
         paths.make()
-        tokens = ensure_tokens(paths.tokens)
-        admin = tokens.for_role("admin")
-        assert admin is not None  # ensure_tokens guarantees one
+        tokens = ensure_tokens(paths.tokens, services=[s.name for s in cfg.service])
 
         nats: NatsRecord | None = None
         started: list[_Started] = []
         try:
             nats = _start_nats(cfg, paths, env)
-            _start_services(cfg, paths, env, cwd, nats.url, admin.token, started)
+            _start_services(cfg, paths, env, cwd, nats.url, tokens, started)
             record = ClusterRecord(state_dir=str(paths.root), config=str(Path(config_path).absolute()),
                                    started_at=time.time(), nats=nats, processes=[s.record for s in started],
                                    tokens_file=str(paths.tokens), spans_file=str(paths.spans), up_pid=os.getpid())

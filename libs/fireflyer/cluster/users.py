@@ -7,9 +7,15 @@ within about a second of the change (:class:`fireflyer.rpc.auth.ReloadingTokenSt
 nothing restarts.  Who may run it is who may write the file (its owner: mode 0600).
 
 A new user's secret is generated here, printed once, and stored only as its SHA-256
-(``token_sha256``); ``ff up``'s own entries (admin, the local user) stay plain because clients
-read them from the file.  Revoking keeps the entry, marked ``revoked`` with the time, so
-``ls`` shows who had access and the token can never come back by accident.
+(``token_sha256``); ``ff up``'s own entries (admin, the local user, the services' ``svc-<name>``
+credentials) stay plain because clients and services read them from the file.  Revoking keeps
+the entry, marked ``revoked`` with the time, so ``ls`` shows who had access and the token can
+never come back by accident.
+
+The ``service`` role is the cluster's own (node registration, heartbeats, chain forwarding):
+only ``ff up`` (or a deployment's secret) issues it, so ``add`` refuses ``--role service`` and
+names starting with ``svc-``, and ``revoke`` refuses a service credential (the services would
+lose their calls to each other; to rotate one, see docs/tokens.md).
 
 Pure parts (:func:`parse_duration`, :func:`parse_time`, :func:`plan_add`, :func:`plan_revoke`,
 :func:`user_rows`) take the entries and the time and return new entries; :func:`add_user`,
@@ -30,7 +36,8 @@ from pathlib import Path
 import msgspec
 
 from fireflyer.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from fireflyer.rpc.auth import TokenEntry, generate_token, read_token_entries, write_tokens_file
+from fireflyer.cluster.records import SERVICE_USER_PREFIX
+from fireflyer.rpc.auth import SERVICE_ROLE, TokenEntry, generate_token, read_token_entries, write_tokens_file
 
 __all__ = ["UserRow", "parse_duration", "parse_time", "valid_user_name", "parse_time_after", "plan_add", "plan_revoke",
            "user_rows", "add_user", "revoke_user", "list_users", "tokens_path"]
@@ -116,8 +123,15 @@ def plan_add(entries: Sequence[TokenEntry], name: str, *, role: str, token: str,
     if not valid_user_name(name):
         raise InvalidArgument(f"bad user name {name!r}: start with a letter or _, then letters, digits, _ . -; "
                               "at most 64 characters", field="name", value=name)
+    if role == SERVICE_ROLE:
+        raise InvalidArgument("role service is the cluster's own credential, never a user's: ff up issues one "
+                              "per service (svc-<name> in tokens.json), a deployment takes them from its secrets",
+                              field="role", value=role)
     if role not in ("user", "admin"):
         raise InvalidArgument(f"unknown role {role!r} (known: user, admin)", field="role", value=role)
+    if name.startswith(SERVICE_USER_PREFIX):
+        raise InvalidArgument(f"user names starting with {SERVICE_USER_PREFIX!r} are reserved for the cluster's "
+                              f"service credentials; pick another name than {name!r}", field="name", value=name)
     if expires_at is not None and expires_at.timestamp() <= now:
         raise InvalidArgument(f"expiry {_iso(expires_at)} is not in the future", field="expires",
                               value=_iso(expires_at))
@@ -130,19 +144,19 @@ def plan_add(entries: Sequence[TokenEntry], name: str, *, role: str, token: str,
     return [*entries, new]
 
 
-def plan_revoke(entries: Sequence[TokenEntry], name: str, *, now: float,
-                keep_token: str | None = None) -> tuple[list[TokenEntry], int]:
+def plan_revoke(entries: Sequence[TokenEntry], name: str, *, now: float) -> tuple[list[TokenEntry], int]:
     """The entries with every active token of ``name`` marked revoked, and how many.
 
-    ``keep_token``: a plain token that must stay usable (the one the services run with):
-    revoking it is refused, because the cluster's own calls would stop."""
+    A service credential (role ``service``) is refused: the services run with it (FF_TOKEN of
+    ``ff up``), and their calls to each other would stop."""
     out: list[TokenEntry] = []
     count = 0
     for e in entries:
         if e.user == name and e.state(now) == "active":
-            if keep_token and e.token == keep_token:
-                raise FailedPrecondition(f"user {name!r} holds the token the services run with (FF_TOKEN of "
-                                         "ff up): revoking it would stop the cluster's own calls", user=name)
+            if SERVICE_ROLE in e.roles:
+                raise FailedPrecondition(f"user {name!r} is a service credential the services run with (FF_TOKEN "
+                                         "of ff up): revoking it would stop the cluster's own calls; to rotate it, "
+                                         "ff down, delete its entry from tokens.json, ff up", user=name)
             e = msgspec.structs.replace(e, revoked=True, revoked_at=_utc(now))
             count += 1
         out.append(e)
@@ -198,15 +212,11 @@ def add_user(path: Path, name: str, *, role: str = "user", expires_at: datetime.
     return token, entries[-1]
 
 
-def revoke_user(path: Path, name: str, *, now: float | None = None, keep_token: str | None = None) -> int:
+def revoke_user(path: Path, name: str, *, now: float | None = None) -> int:
     """Revoke every active token of ``name``; how many."""
     now = time.time() if now is None else now
     with _locked(path):
-        entries = read_token_entries(path)
-        if keep_token is None:  # ff up runs the services with the file's first usable admin token
-            keep = next((e for e in entries if "admin" in e.roles and e.token and e.state(now) == "active"), None)
-            keep_token = keep.token if keep is not None else None
-        entries, count = plan_revoke(entries, name, now=now, keep_token=keep_token)
+        entries, count = plan_revoke(read_token_entries(path), name, now=now)
         write_tokens_file(path, entries)
     return count
 

@@ -63,8 +63,10 @@ def home_path(user: str) -> str:
 
 
 def gets_home(roles: Iterable[str]) -> bool:
-    """Whether a principal with these (implied) roles has a home: the ``user`` role does."""
-    return "user" in set(roles)
+    """Whether a principal with these (implied) roles has a home: the ``user`` role does, except
+    a service (its role implies user, but it is the cluster's own process, not a person)."""
+    have = set(roles)
+    return "user" in have and "service" not in have
 
 
 def plan_home(user: str, uid: int, gid: int, *, root_exists: bool, home_exists: bool) -> list[HomeStep]:

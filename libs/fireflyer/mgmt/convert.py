@@ -60,13 +60,14 @@ def parse_enum(cls: type[E], value: str, field: str) -> E:
 def node_to_pb(n: NodeInfo) -> pb.NodeInfo:
     return pb.NodeInfo(node_id=n.node_id, type=str(n.type), address=n.address, hostname=n.hostname,
                        status=str(n.status), last_heartbeat=n.last_heartbeat, registered_at=n.registered_at,
-                       tags=list(n.tags))
+                       tags=list(n.tags), owner=n.owner)
 
 
 def node_from_pb(m: pb.NodeInfo) -> NodeInfo:
     return NodeInfo(node_id=m.node_id, type=parse_enum(NodeType, m.type, "node.type"), address=m.address,
                     hostname=m.hostname, status=parse_enum(NodeStatus, m.status, "node.status"),
-                    last_heartbeat=m.last_heartbeat, registered_at=m.registered_at, tags=tuple(m.tags))
+                    last_heartbeat=m.last_heartbeat, registered_at=m.registered_at, tags=tuple(m.tags),
+                    owner=m.owner)
 
 
 def target_to_pb(t: TargetInfo) -> pb.TargetInfo:

@@ -70,7 +70,7 @@ class ChainSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 def _node_key(n: NodeInfo) -> tuple[object, ...]:
     # last_heartbeat is left out: persisting every heartbeat would bump the version every few seconds
-    return (n.type, n.address, n.hostname, n.status, n.registered_at, n.tags)
+    return (n.type, n.address, n.hostname, n.status, n.registered_at, n.tags, n.owner)
 
 
 def sync_registry(routing: RoutingInfo, reg: RegistryState) -> RoutingInfo:

@@ -98,6 +98,9 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     #: when it (re)joined: first heartbeat, or first heartbeat after a failure
     registered_at: float = 0.0
     tags: tuple[str, ...] = ()
+    #: the service user whose credential registered it (``fireflyer.mgmt.registry``): only that
+    #: user may heartbeat as this node, and clients send tokens only to nodes that have one
+    owner: str = ""
 
 
 class TargetInfo(msgspec.Struct, frozen=True, kw_only=True):

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import msgspec
 
 from fireflyer.bus.events import Event
-from fireflyer.core.errors import InvalidArgument
+from fireflyer.core.errors import InvalidArgument, PermissionDenied
 
 from .model import LocalState, NodeId, NodeInfo, NodeStatus, NodeType, TargetId
 
@@ -44,6 +44,7 @@ __all__ = [
     "RegistryEvent",
     "ScanResult",
     "apply_heartbeat",
+    "check_owner",
     "scan_failures",
     "grace_after_takeover",
     "local_states",
@@ -74,6 +75,9 @@ class Heartbeat(Event, tag="mgmt.heartbeat.v1"):
     hostname: str = ""
     tags: tuple[str, ...] = ()
     targets: tuple[TargetReport, ...] = ()
+    #: the service user whose credential sent it: set by mgmtd from the call's token, never by
+    #: the sender ("" only where no credential exists: auth disabled, unit tests)
+    sender: str = ""
 
 
 class TargetLocal(msgspec.Struct, frozen=True, kw_only=True):
@@ -154,11 +158,20 @@ def apply_heartbeat(
     - a target reported by another node than before moves to the reporter -- *our choice*:
       the latest report wins (a disk moved between hosts).
 
+    - the node belongs to the service user whose credential first registered it (``owner``):
+      a heartbeat of another user for that node id, or one claiming a target that a node of
+      another owner serves, is refused -- *our choice*: one service credential cannot take
+      over another's node (e.g. ``svc-meta`` posing as ``storage-2``) and so receive its
+      peers' chain forwarding; a restarted node heartbeats with the same credential, so it
+      takes its name back as before.
+
     Raises:
         InvalidArgument: the node id is registered with another type (two processes
             configured with one name); the heartbeat is refused, nothing changes.
+        PermissionDenied: the node id or a reported target belongs to another owner.
     """
     old = state.nodes.get(hb.node_id)
+    check_owner(state, hb)
     if old is not None and old.type is not hb.node_type:
         raise InvalidArgument(
             f"node id {hb.node_id!r} is registered as {old.type}, but a {hb.node_type} at {hb.address} "
@@ -202,6 +215,8 @@ def apply_heartbeat(
         last_heartbeat=max(now, old.last_heartbeat) if old is not None else now,
         registered_at=registered_at,
         tags=hb.tags,
+        # a node stored before owners existed is claimed by its next heartbeat's sender
+        owner=old.owner if old is not None and old.owner else hb.sender,
     )
     nodes = {**state.nodes, hb.node_id: node}
 
@@ -227,6 +242,26 @@ def apply_heartbeat(
             targets[tid] = msgspec.structs.replace(t, local_state=LocalState.OFFLINE, since=now)
             events.append(_target_event(tid, hb.node_id, t, LocalState.OFFLINE, now))
     return RegistryState(nodes=nodes, targets=targets), events
+
+
+def check_owner(state: RegistryState, hb: Heartbeat) -> None:
+    """Refuse (PermissionDenied) a heartbeat for a node, or claiming a target of a node, that
+    another service user registered.  Nodes without an owner (stored before owners existed,
+    or registered with auth disabled) bind to nobody."""
+    old = state.nodes.get(hb.node_id)
+    if old is not None and old.owner and old.owner != hb.sender:
+        raise PermissionDenied(
+            f"node {hb.node_id!r} was registered by service user {old.owner!r}; user {hb.sender!r} may not "
+            "heartbeat as it: give each service its own node id, or run it with the credential that registered it",
+            node=hb.node_id, owner=old.owner, user=hb.sender)
+    for rep in hb.targets:
+        prev = state.targets.get(rep.target_id)
+        holder = state.nodes.get(prev.node_id) if prev is not None and prev.node_id != hb.node_id else None
+        if holder is not None and holder.owner and holder.owner != hb.sender:
+            raise PermissionDenied(
+                f"target {rep.target_id} is served by node {holder.node_id!r} of service user {holder.owner!r}; "
+                f"node {hb.node_id!r} of user {hb.sender!r} may not claim it",
+                node=hb.node_id, target=rep.target_id, owner=holder.owner, user=hb.sender)
 
 
 def _target_event(

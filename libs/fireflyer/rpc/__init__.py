@@ -34,7 +34,7 @@ from fireflyer.core.lazy import lazy_attributes
 # (lazy: :mod:`.auth` is light and used by processes that never open a channel -- the local
 # cluster's records, an HFReduce worker through them -- which must not import gRPC for it)
 __getattr__ = lazy_attributes(__name__, {
-    **dict.fromkeys(["ANONYMOUS_ADMIN", "ROLES", "Principal", "TokenEntry", "TokenStore", "acting_as",
+    **dict.fromkeys(["ANONYMOUS_ADMIN", "ROLES", "SERVICE_ROLE", "Principal", "TokenEntry", "TokenStore", "acting_as",
                      "current_method", "current_principal", "generate_token", "require_role", "requires",
                      "write_tokens_file"], "auth"),
     "connect": "channel",
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from .auth import (
         ANONYMOUS_ADMIN,
         ROLES,
+        SERVICE_ROLE,
         Principal,
         TokenEntry,
         TokenStore,
@@ -77,6 +78,7 @@ __all__ = [
     "TokenEntry",
     "TokenStore",
     "ROLES",
+    "SERVICE_ROLE",
     "ANONYMOUS_ADMIN",
     "generate_token",
     "write_tokens_file",

@@ -8,10 +8,15 @@ caller's :class:`Principal` in a context variable::
     async def DrainNode(self, request, context):
         log.info("drain", by=current_principal().user)
 
-Roles are ``user`` and ``admin``; admin implies user.  The token file that
+Roles are ``user``, ``admin`` (operators) and ``service`` (the cluster's own processes:
+node registration, heartbeats, chain forwarding, resync; never held by a user).  Admin and
+service each imply user; neither implies the other, so a service cannot add users and an
+operator's token cannot register a node or forward a chain update.  A method open to
+several roles names them all: ``@requires("admin", "service")``.  The token file that
 ``ff up`` writes (``<state_dir>/tokens.json``, mode 0600) looks like::
 
     {"tokens": [{"token": "...", "user": "admin", "roles": ["admin"]},
+                {"token": "...", "user": "svc-storage", "roles": ["service"]},
                 {"token_sha256": "<hex>", "user": "bob", "roles": ["user"],
                  "expires_at": "2027-03-04T08:12:42Z", "revoked": false}, ...]}
 
@@ -43,6 +48,7 @@ from fireflyer.core.errors import FireFlyerError, Internal, PermissionDenied, Se
 
 __all__ = [
     "ROLES",
+    "SERVICE_ROLE",
     "Principal",
     "ANONYMOUS_ADMIN",
     "TokenEntry",
@@ -64,9 +70,13 @@ __all__ = [
     "requires",
 ]
 
-ROLES = frozenset({"user", "admin"})
-# what each role grants: admin can do everything a user can
-_IMPLIED: dict[str, frozenset[str]] = {"admin": frozenset({"admin", "user"}), "user": frozenset({"user"})}
+ROLES = frozenset({"user", "admin", "service"})
+#: roles that only the cluster's own credentials carry (``ff up`` / deployment secrets), never a user
+SERVICE_ROLE = "service"
+# what each role grants: admin and service can each do everything a user can, not each other's calls
+_IMPLIED: dict[str, frozenset[str]] = {"admin": frozenset({"admin", "user"}), "user": frozenset({"user"}),
+                                       "service": frozenset({"service", "user"})}
+_KNOWN = ", ".join(sorted(ROLES))
 
 
 class Principal(msgspec.Struct, frozen=True):
@@ -79,8 +89,9 @@ class Principal(msgspec.Struct, frozen=True):
         return any(role in _IMPLIED.get(r, frozenset({r})) for r in self.roles)
 
 
-#: the caller when auth is disabled (single-user development only)
-ANONYMOUS_ADMIN = Principal("anonymous", frozenset({"admin", "user"}))
+#: the caller when auth is disabled (single-user development only): every call is allowed,
+#: the cluster's own (service) calls included
+ANONYMOUS_ADMIN = Principal("anonymous", frozenset({"admin", "user", "service"}))
 #: the caller of an RPC that needs no token (health, reflection) and sent none
 _ANONYMOUS = Principal("anonymous", frozenset())
 
@@ -167,8 +178,8 @@ def validate_entries(entries: Iterable[TokenEntry | Mapping[str, Any]], *, sourc
                                 key="tokens.token_sha256", expected="sha256 hex", source=source)
         unknown = set(entry.roles) - ROLES
         if unknown:
-            raise SettingsError(f"{where}: unknown roles {sorted(unknown)} (known: user, admin)",
-                                key="tokens.roles", expected="user|admin", source=source)
+            raise SettingsError(f"{where}: unknown roles {sorted(unknown)} (known: {_KNOWN})",
+                                key="tokens.roles", expected="user|admin|service", source=source)
         for name in ("created_at", "expires_at", "revoked_at"):
             when = getattr(entry, name)
             if when is not None and when.tzinfo is None:
@@ -407,29 +418,32 @@ def current_method() -> str:
     return _method.get()
 
 
-def require_role(role: str, *, method: str | None = None) -> Principal:
-    """Raise PermissionDenied unless the caller has ``role``; returns the caller."""
+def require_role(role: str, *more: str, method: str | None = None) -> Principal:
+    """Raise PermissionDenied unless the caller has ``role`` (or one of ``more``); returns the caller."""
     who = current_principal()
-    if not who.has_role(role):
+    wanted = (role, *more)
+    if not any(who.has_role(r) for r in wanted):
         method = method or current_method() or "this call"
-        raise PermissionDenied(f"user {who.user!r} lacks role {role!r} required by {method}",
-                               user=who.user, role=role, method=method)
+        need = repr(role) if not more else " or ".join(repr(r) for r in wanted)
+        raise PermissionDenied(f"user {who.user!r} lacks role {need} required by {method}",
+                               user=who.user, role="|".join(wanted), method=method)
     return who
 
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def requires(role: str) -> Callable[[F], F]:
-    """Decorate a servicer method so that only callers with ``role`` may run it."""
-    if role not in ROLES:
-        raise FireFlyerError(f"unknown role {role!r} (known: user, admin)")
+def requires(role: str, *more: str) -> Callable[[F], F]:
+    """Decorate a servicer method so that only callers with ``role`` (or one of ``more``) may run it."""
+    for r in (role, *more):
+        if r not in ROLES:
+            raise FireFlyerError(f"unknown role {r!r} (known: {_KNOWN})")
 
     def decorate(fn: F) -> F:
         if inspect.isasyncgenfunction(fn):
             @functools.wraps(fn)
             async def gen_wrapper(*args: Any, **kw: Any) -> Any:
-                require_role(role)
+                require_role(role, *more)
                 async for item in fn(*args, **kw):
                     yield item
 
@@ -437,7 +451,7 @@ def requires(role: str) -> Callable[[F], F]:
 
         @functools.wraps(fn)
         async def wrapper(*args: Any, **kw: Any) -> Any:
-            require_role(role)
+            require_role(role, *more)
             result = fn(*args, **kw)
             return await result if inspect.isawaitable(result) else result
 

@@ -100,6 +100,7 @@ from .protocol import (
     error_of,
     split_address,
     to_meta,
+    trusted_peer,
     wire_address,
 )
 
@@ -309,9 +310,11 @@ class StorageClient:
         """(node id, host:port) of a target."""
         t = next((t for t in self.routing.targets if t.target_id == target_id), None)
         n = next((n for n in self.routing.nodes if t is not None and n.node_id == t.node_id), None)
-        addr = wire_address(n.tags) if n is not None else None
+        # only a storage node a service registered gets our token (protocol.trusted_peer)
+        addr = wire_address(n.tags) if n is not None and trusted_peer(n) else None
         if t is None or n is None or addr is None:
-            raise NotServing(f"no data-plane address for target {target_id}", target=target_id)
+            raise NotServing(f"no data-plane address for target {target_id} (its node is not a storage node "
+                             "registered by a service in routing)", target=target_id)
         return n.node_id, addr
 
     def _call(self, address: str, op: str, payload: Any = None, *, meta: dict[str, Any], into: Any = None) -> Reply:
@@ -491,7 +494,8 @@ class StorageClient:
         routing = self.routing
         ver, paths = self._local_view
         if ver != routing.version:
-            paths = {n.node_id: p for n in routing.nodes if (p := local_socket(n.tags)) is not None}
+            paths = {n.node_id: p for n in routing.nodes
+                     if trusted_peer(n) and (p := local_socket(n.tags)) is not None}
             self._local_view = (routing.version, paths)
         path = paths.get(node)
         if path is None or self._local_off.get(node, 0.0) > time.monotonic():

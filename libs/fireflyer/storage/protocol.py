@@ -126,6 +126,7 @@ __all__ = [
     "WIRE_TAG",
     "wire_tag",
     "wire_address",
+    "trusted_peer",
     "split_address",
     "to_meta",
     "from_meta",
@@ -348,6 +349,33 @@ def wire_address(tags: tuple[str, ...] | list[str]) -> str | None:
         if t.startswith(WIRE_TAG):
             return t[len(WIRE_TAG) :]
     return None
+
+
+def trusted_peer(node: Any) -> bool:
+    """Whether a storage client or node may send its token to ``node`` (a routing NodeInfo).
+
+    **Whom a token goes to.**  Every data-plane connection opens with a hello carrying the
+    caller's bearer token, so the question is which peers are trusted with it.  The answer is
+    mgmtd's routing, and only the part of it that a service proved:
+
+    - clients and storage nodes learn peers only from mgmtd (GetRoutingInfo over gRPC, to an
+      address they were configured with, never one a peer handed them);
+    - mgmtd registers a node only on a Heartbeat carrying a ``service``-role credential
+      (users and admins are refused), records that credential's user as the node's ``owner``,
+      and lets no other service user heartbeat as that node or claim its targets
+      (:func:`fireflyer.mgmt.registry.check_owner`);
+    - so a peer is trusted when routing lists it as a ``storage`` node with an owner: its
+      address and ``wire=`` / ``local=`` tags came from a process holding a service
+      credential.  A node without an owner (stored before owners existed) is skipped until its
+      next heartbeat gives it one; a node of another kind (meta, an agent) never gets a
+      storage op.
+
+    A storage node talks to its peers with its own service credential (``FF_TOKEN`` from
+    ``ff up``), never with a caller's token.  What this does not cover is a process that takes
+    over a dead node's port before mgmtd fails the node; in a deployment that matters, TLS
+    with service certificates closes it (out of scope for the local cluster).
+    """
+    return str(getattr(node, "type", "")) == "storage" and bool(getattr(node, "owner", ""))
 
 
 def to_meta(msg: msgspec.Struct) -> dict[str, Any]:

@@ -78,6 +78,12 @@ class LocalCluster:
         assert entry is not None
         return entry.token
 
+    def service_token(self, name: str = "storage") -> str:
+        """The credential ``ff up`` gave service ``name``'s processes (user ``svc-<name>``, role service)."""
+        entry = self.tokens.for_service(name)
+        assert entry is not None, f"no service credential for {name!r} in {self.record.tokens_file}"
+        return entry.token
+
     def address(self, name: str, replica: int = 0) -> str:
         for p in self.record.processes:
             if p.instance == f"{name}-{replica}":

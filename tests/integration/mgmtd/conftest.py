@@ -15,12 +15,14 @@ from fireflyer.testing.services import ServiceProcess
 
 @pytest.fixture
 def tokens(tmp_path: Path) -> Tokens:
-    admin, user = generate_token(), generate_token()
+    admin, user, service, other = generate_token(), generate_token(), generate_token(), generate_token()
     path = write_tokens_file(tmp_path / "tokens.json", [
         TokenEntry(token=admin, user="root-admin", roles=["admin"]),
         TokenEntry(token=user, user="alice", roles=["user"]),
+        TokenEntry(token=service, user="svc-storage", roles=["service"]),
+        TokenEntry(token=other, user="svc-meta", roles=["service"]),
     ])
-    return Tokens(path, admin, user)
+    return Tokens(path, admin, user, service, other)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -57,5 +59,6 @@ async def start_replicas(tmp_path: Path, nats_server, tokens: Tokens
     finally:
         for r in started:
             await r.client.close()
+            await r.service_client.close()
             for p in r.procs:
                 p.stop(timeout_s=5.0)

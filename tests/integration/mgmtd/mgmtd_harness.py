@@ -31,8 +31,12 @@ TIMING = {
 
 
 class Tokens:
-    def __init__(self, path: Path, admin: str, user: str) -> None:
+    """The test's tokens file: an admin, a user, and two service credentials (svc-storage and
+    svc-meta, role service: only services register nodes)."""
+
+    def __init__(self, path: Path, admin: str, user: str, service: str, other_service: str) -> None:
         self.path, self.admin, self.user = path, admin, user
+        self.service, self.other_service = service, other_service
 
 
 class Replicas:
@@ -42,6 +46,8 @@ class Replicas:
         self.procs = procs
         self.tokens = tokens
         self.client = MgmtdClient([p.address for p in procs], token=tokens.admin, call_timeout_s=2.0)
+        #: a storage node's credential, for heartbeats
+        self.service_client = MgmtdClient([p.address for p in procs], token=tokens.service, call_timeout_s=2.0)
 
     def live(self) -> list[ServiceProcess]:
         return [p for p in self.procs if p.returncode is None]

@@ -44,7 +44,9 @@ async def test_failed_node_goes_offline_and_comes_back_syncing(start_replicas, s
     await reps.wait_primary()
     client = reps.client
     states = {101: LocalState.UPTODATE, 102: LocalState.UPTODATE, 103: LocalState.UPTODATE}
-    senders = {n: HeartbeatSender(client, _storage(n, states), interval_s=0.2).start() for n in (1, 2, 3)}
+    # the fake nodes heartbeat with a service credential (only services register nodes)
+    senders = {n: HeartbeatSender(reps.service_client, _storage(n, states), interval_s=0.2).start()
+               for n in (1, 2, 3)}
     events: list[RoutingUpdated] = []
     failed: list[NodeFailed] = []
 
@@ -100,7 +102,7 @@ async def test_failed_node_goes_offline_and_comes_back_syncing(start_replicas, s
 
         # it comes back with its data not known current: resync first
         states[102] = LocalState.ONLINE
-        senders[2] = HeartbeatSender(client, _storage(2, states), interval_s=0.2).start()
+        senders[2] = HeartbeatSender(reps.service_client, _storage(2, states), interval_s=0.2).start()
 
         async def state_of_102(want: PublicState):
             [c] = await client.list_chains()
@@ -148,7 +150,7 @@ async def test_admin_rules_bad_input_and_roles(start_replicas, sqlite_kv_url, to
         await admin.create_chain_table(1, [1, 7])
     with pytest.raises(NotFound):
         await admin.offline_target(42)
-    async with connect(reps.procs[0].address, token=tokens.admin) as ch:
+    async with connect(reps.procs[0].address, token=tokens.service) as ch:
         stub = pb_grpc.MgmtdServiceStub(ch)
         with pytest.raises(InvalidArgument, match="node_type"):
             await stub.Heartbeat(pb.HeartbeatRequest(node_id="x", node_type="toaster", address="h:1"))
@@ -177,3 +179,45 @@ async def test_admin_rules_bad_input_and_roles(start_replicas, sqlite_kv_url, to
     assert (v3, table.version) == (v2 + 1, 1)
     v4, table = await admin.create_chain_table(1, [1], "one chain")  # same content: no new version
     assert (v4, table.version) == (v3, 1)
+
+
+async def test_only_services_register_nodes_and_a_node_stays_with_its_service(start_replicas, sqlite_kv_url, tokens):
+    """Issue 48 point 2: a user (bob posing as storage-2) or an admin cannot register a node, so
+    no client ever sends a token to their listener; a registered node is bound to its service
+    user: another service credential cannot heartbeat as it or claim its targets."""
+    reps = await start_replicas(1, sqlite_kv_url)
+    await reps.wait_primary()
+    addr = reps.procs[0].address
+    hb = pb.HeartbeatRequest(node_id="storage-2", node_type="storage", address="127.0.0.1:9",
+                             tags=["wire=127.0.0.1:9"],
+                             targets=[pb.TargetReport(target_id=7, local_state="up-to-date")])
+    for who, token in (("user", tokens.user), ("admin", tokens.admin)):
+        async with connect(addr, token=token) as ch:
+            with pytest.raises(PermissionDenied, match="lacks role 'service'"):
+                await pb_grpc.MgmtdServiceStub(ch).Heartbeat(hb)
+    routing = await reps.client.get_routing()
+    assert routing.nodes == () and routing.targets == ()
+
+    async with connect(addr, token=tokens.service) as ch:
+        await pb_grpc.MgmtdServiceStub(ch).Heartbeat(hb)
+
+    async def registered():
+        r = await reps.client.get_routing()
+        return r if [(n.node_id, n.owner) for n in r.nodes] == [("storage-2", "svc-storage")] else None
+
+    routing = await wait_for(registered, timeout_s=5, what="storage-2 registered by svc-storage")
+    assert [(t.target_id, t.node_id) for t in routing.targets] == [(7, "storage-2")]
+
+    async with connect(addr, token=tokens.other_service) as ch:
+        stub = pb_grpc.MgmtdServiceStub(ch)
+        with pytest.raises(PermissionDenied, match="registered by service user 'svc-storage'"):
+            await stub.Heartbeat(hb)  # svc-meta posing as storage-2
+        thief = pb.HeartbeatRequest(node_id="meta-9", node_type="storage", address="127.0.0.1:10",
+                                    targets=[pb.TargetReport(target_id=7, local_state="up-to-date")])
+        with pytest.raises(PermissionDenied, match="may not claim it"):
+            await stub.Heartbeat(thief)  # ... or claiming its target under a new name
+    async with connect(addr, token=tokens.service) as ch:  # the owner again (a restart): fine
+        await pb_grpc.MgmtdServiceStub(ch).Heartbeat(hb)
+    routing = await reps.client.get_routing()
+    assert [n.node_id for n in routing.nodes] == ["storage-2"]
+    assert [(t.target_id, t.node_id) for t in routing.targets] == [(7, "storage-2")]

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "type", "address", "hostname", "status", "last_heartbeat", "registered_at", "tags")
+    __slots__ = ("node_id", "type", "address", "hostname", "status", "last_heartbeat", "registered_at", "tags", "owner")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class NodeInfo(_message.Message):
     LAST_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_AT_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     type: str
     address: str
@@ -24,7 +25,8 @@ class NodeInfo(_message.Message):
     last_heartbeat: float
     registered_at: float
     tags: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., type: _Optional[str] = ..., address: _Optional[str] = ..., hostname: _Optional[str] = ..., status: _Optional[str] = ..., last_heartbeat: _Optional[float] = ..., registered_at: _Optional[float] = ..., tags: _Optional[_Iterable[str]] = ...) -> None: ...
+    owner: str
+    def __init__(self, node_id: _Optional[str] = ..., type: _Optional[str] = ..., address: _Optional[str] = ..., hostname: _Optional[str] = ..., status: _Optional[str] = ..., last_heartbeat: _Optional[float] = ..., registered_at: _Optional[float] = ..., tags: _Optional[_Iterable[str]] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class TargetInfo(_message.Message):
     __slots__ = ("target_id", "node_id", "chain_id", "local_state", "public_state", "disk", "path")
