@@ -20,10 +20,11 @@ from fireflyer.testing.services import ServiceProcess
 
 @pytest.fixture
 def tokens(tmp_path: Path) -> Tokens:
-    t = Tokens(tmp_path / "tokens.json", generate_token(), generate_token(), generate_token())
+    t = Tokens(tmp_path / "tokens.json", generate_token(), generate_token(), generate_token(), generate_token())
     write_tokens_file(t.path, [TokenEntry(token=t.admin, user="admin", roles=["admin"]),
                                TokenEntry(token=t.alice, user="alice", roles=["user"]),
-                               TokenEntry(token=t.bob, user="bob", roles=["user"])])
+                               TokenEntry(token=t.bob, user="bob", roles=["user"]),
+                               TokenEntry(token=t.service, user="svc-checkpoint", roles=["service"])])
     return t
 
 

@@ -20,6 +20,7 @@ class Tokens:
     admin: str
     alice: str  # role user, listed in [meta.users] as uid/gid 1000
     bob: str  # role user, not listed: uid from the name hash
+    service: str  # svc-checkpoint, role service: the cluster's own process, root in the file system
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,19 @@ async def test_whoami_makes_the_home_once(meta: Meta) -> None:
         assert sorted(e.name for e in await admin.listdir("/home")) == ["admin", "alice"]
 
 
+
+async def test_a_service_is_root_in_the_file_system_and_has_no_home(meta: Meta) -> None:
+    """A service credential (role service) acts as root for file operations, as the checkpoint
+    service needs to write a MANIFEST into a user's private job directory; it gets no home."""
+    async with await meta.client(meta.tokens.alice) as alice, await meta.client(meta.tokens.service) as svc:
+        await alice.whoami()
+        await alice.mkdir("/home/alice/job", mode=0o700)
+        me = await svc.whoami()
+        assert (me.user, me.roles, me.uid, me.gid, me.home) == ("svc-checkpoint", ("service",), 0, 0, "")
+        made = await svc.create("/home/alice/job/MANIFEST")
+        assert made.created and made.inode.uid == 0
+        assert sorted(e.name for e in await svc.listdir("/home")) == ["alice"]  # no /home/svc-checkpoint
+
 async def test_user_token_writes_in_its_home_through_relative_paths(meta: Meta) -> None:
     bob_uid = uid_for_name("bob")
     async with await meta.client(meta.tokens.bob) as bob:

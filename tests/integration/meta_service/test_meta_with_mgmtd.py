@@ -32,7 +32,7 @@ async def test_chain_tables_and_discovery_through_mgmtd(tmp_path: Path, tokens: 
     try:
         await mgmtd.wait_healthy(timeout_s=30)
         env = {**meta_env(state, tokens, f"sqlite:///{state / 'meta.db'}"), "FF_MGMTD_ADDR": mgmtd.address,
-               "FF_TOKEN": tokens.admin, "FF_META_HEARTBEAT_S": "0.2", "FF_META_ROUTING_REFRESH_S": "30"}
+               "FF_TOKEN": tokens.service, "FF_META_HEARTBEAT_S": "0.2", "FF_META_ROUTING_REFRESH_S": "30"}
         meta = ServiceProcess("services.meta", state_dir=state, nats_url="", tokens_file=tokens.path,
                               instance="meta-0", env=env).start()
         await meta.wait_healthy(timeout_s=30)

@@ -52,21 +52,23 @@ _PROBE = ChunkId(999_999, 0, 0)
 
 
 class StorageCluster:
-    def __init__(self, tmp: Path, nats_url: str, tokens_file: Path, admin: str, user: str) -> None:
+    def __init__(self, tmp: Path, nats_url: str, tokens_file: Path, admin: str, user: str, service: str) -> None:
         self.tmp, self.nats_url, self.tokens_file, self.admin, self.user = tmp, nats_url, tokens_file, admin, user
+        #: the storage nodes' credential (user svc-storage, role service), as ff up gives them
+        self.service = service
         self.mgmtd: ServiceProcess | None = None
         self.storage: list[ServiceProcess] = []
         self.client: MgmtdClient | None = None
         self.routing_src: MgmtdRouting | None = None
         self.clients: list[StorageClient] = []
-        self.pool = ConnectionPool(token=admin, name="test", connect_timeout_s=1.0, request_timeout_s=2.0,
+        self.pool = ConnectionPool(token=service, name="test", connect_timeout_s=1.0, request_timeout_s=2.0,
                                    io_timeout_s=2.0)
 
     def storage_proc(self, i: int, **env: str) -> ServiceProcess:
         assert self.mgmtd is not None
         return ServiceProcess("services.storage", state_dir=self.tmp, nats_url=self.nats_url,
                               tokens_file=self.tokens_file, instance=f"storage-{i}",
-                              env={**STORAGE_ENV, "FF_TOKEN": self.admin, "FF_MGMTD_ADDR": self.mgmtd.address,
+                              env={**STORAGE_ENV, "FF_TOKEN": self.service, "FF_MGMTD_ADDR": self.mgmtd.address,
                                    **env})
 
     async def start(self, mgmtd_env: dict[str, str] | None = None, **storage_env: str) -> StorageCluster:
@@ -166,10 +168,12 @@ class StorageCluster:
 
 
 def new_cluster(tmp_path: Path, nats_url: str) -> StorageCluster:
-    """A cluster not yet started, with an admin and a user token (tests that start it their way)."""
-    admin, user = generate_token(), generate_token()
+    """A cluster not yet started, with an admin, a user and the storage service's token (tests that
+    start it their way)."""
+    admin, user, service = generate_token(), generate_token(), generate_token()
     tokens = write_tokens_file(tmp_path / "tokens.json", [
         TokenEntry(token=admin, user="root-admin", roles=["admin"]),
         TokenEntry(token=user, user="alice", roles=["user"]),
+        TokenEntry(token=service, user="svc-storage", roles=["service"]),
     ])
-    return StorageCluster(tmp_path, nats_url, tokens, admin, user)
+    return StorageCluster(tmp_path, nats_url, tokens, admin, user, service)

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 from stor_svc_harness import CHUNK, StorageCluster
 
-from fireflyer.core.errors import Unauthenticated
+from fireflyer.core.errors import PermissionDenied, Unauthenticated
 from fireflyer.storage import (
     BadRequest,
     ChainVersionMismatch,
@@ -23,7 +23,11 @@ from fireflyer.storage import (
 )
 from fireflyer.storage.protocol import (
     OP_BATCH_READ,
+    OP_DUMP_META,
     OP_READ,
+    OP_REMOVE_RANGE,
+    OP_SYNC_DONE,
+    OP_SYNC_REPLACE,
     OP_UPDATE,
     OP_WRITE,
     BatchReadMsg,
@@ -97,8 +101,6 @@ async def test_bad_input_gets_clear_errors_and_writes_nothing(cluster: StorageCl
         with pytest.raises(ChunkNotFound):  # unknown chunk: nothing above wrote it
             await asyncio.to_thread(conn.request, OP_READ, meta=to_meta(
                 ReadMsg(target=head, req=ReadReq(chain_id=1, chain_ver=ver, chunk_id=cid))))
-        from fireflyer.core.errors import PermissionDenied
-
         with pytest.raises(PermissionDenied):  # chain-internal ops are not for users
             await asyncio.to_thread(conn.request, OP_UPDATE, meta={})
     # a write to a non-head replica is refused
@@ -115,3 +117,22 @@ async def test_bad_input_gets_clear_errors_and_writes_nothing(cluster: StorageCl
     for tid in chain.target_ids:  # nothing was written anywhere
         with pytest.raises(ChunkNotFound):
             await asyncio.to_thread(cluster.read_target, routing, 1, tid, cid)
+
+
+async def test_chain_ops_are_for_service_credentials_only(cluster: StorageCluster) -> None:
+    """Forwarding, resync and remove ops (issue 48 point 2): a user's and an admin's token are
+    refused; the storage service's credential gets past the role check (and then fails only on
+    the empty header)."""
+    routing = await cluster.routing()
+    ops = (OP_UPDATE, OP_DUMP_META, OP_SYNC_REPLACE, OP_SYNC_DONE, OP_REMOVE_RANGE)
+    for token in (cluster.user, cluster.admin):
+        conn, _, _ = _head_conn(cluster, routing, 1, token)
+        with conn:
+            for op in ops:
+                with pytest.raises(PermissionDenied, match="role service"):
+                    await asyncio.to_thread(conn.request, op, meta={})
+    conn, _, _ = _head_conn(cluster, routing, 1, cluster.service)
+    with conn:
+        for op in ops:
+            with pytest.raises(BadRequest, match="malformed"):
+                await asyncio.to_thread(conn.request, op, meta={})
