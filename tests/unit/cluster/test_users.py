@@ -30,6 +30,7 @@ UTC = datetime.UTC
 T0 = 1_800_000_000.0
 ADMIN = TokenEntry(token="fft_admin", user="admin", roles=["admin"])
 ME = TokenEntry(token="fft_me", user="me", roles=["user"])
+SVC = TokenEntry(token="fft_svc", user="svc-storage", roles=["service"])
 
 
 def _at(ts: float) -> datetime.datetime:
@@ -100,26 +101,29 @@ def test_plan_revoke_marks_every_active_token_of_the_user_only() -> None:
     with pytest.raises(NotFound, match="users ls"):
         plan_revoke(out, "zed", now=T0)
     with pytest.raises(FailedPrecondition, match="services run with"):
-        plan_revoke([ADMIN, ME], "admin", now=T0, keep_token="fft_admin")
+        plan_revoke([ADMIN, ME, SVC], "svc-storage", now=T0)
+    # the admin's token is an operator's: the services no longer run with it, so it may go
+    assert plan_revoke([ADMIN, ME, SVC], "admin", now=T0)[1] == 1
 
 
 def test_add_and_revoke_rewrite_the_file_keeping_other_entries(tmp_path) -> None:
-    path = write_tokens_file(tmp_path / "tokens.json", [ADMIN, ME])
+    path = write_tokens_file(tmp_path / "tokens.json", [ADMIN, ME, SVC])
     token, entry = add_user(path, "bob", expires_at=_at(4_000_000_000))
     assert token.startswith("fft_") and token not in path.read_text()
     assert path.stat().st_mode & 0o777 == 0o600
     entries = read_token_entries(path)
-    assert entries[:2] == [ADMIN, ME] and entries[2] == entry
+    assert entries[:3] == [ADMIN, ME, SVC] and entries[3] == entry
     assert TokenStore.from_file(path).lookup(token).user == "bob"
 
     assert revoke_user(path, "bob") == 1
     entries = read_token_entries(path)
-    assert entries[:2] == [ADMIN, ME] and entries[2].revoked
+    assert entries[:3] == [ADMIN, ME, SVC] and entries[3].revoked
     assert TokenStore.from_file(path).lookup(token) is None
     with pytest.raises(FailedPrecondition, match="services run with"):
-        revoke_user(path, "admin")
+        revoke_user(path, "svc-storage")
     assert [(r.user, r.state, r.hashed) for r in list_users(path)] == [
-        ("admin", "active", False), ("me", "active", False), ("bob", "revoked", True)]
+        ("admin", "active", False), ("me", "active", False), ("svc-storage", "active", False),
+        ("bob", "revoked", True)]
     assert not list(tmp_path.glob(".tokens.json.*"))  # no temp files left behind
 
 
@@ -199,3 +203,27 @@ def test_ff_up_makes_homes_only_with_tokens_it_holds() -> None:
     gone = TokenEntry(token="old", user="carol", revoked=True)
     late = TokenEntry(token="late", user="dave", expires_at=_at(1_000_000_000))
     assert home_users([ADMIN, ME, hashed, gone, late]) == [ME]
+
+
+def test_the_service_role_is_never_given_to_a_user(tmp_path, capsys) -> None:
+    """Issue 48 point 2: service credentials come from ff up (or a deployment's secrets) only."""
+    with pytest.raises(InvalidArgument, match="never a user's"):
+        plan_add([ADMIN, ME], "bob", role="service", token="t", now=T0)
+    with pytest.raises(InvalidArgument, match="reserved for the cluster's service credentials"):
+        plan_add([ADMIN, ME], "svc-storage", role="user", token="t", now=T0)
+    path = write_tokens_file(tmp_path / "tokens.json", [ADMIN, ME])
+    assert main(["admin", "users", "--tokens-file", str(path), "add", "bob", "--role", "service"]) == 1
+    assert "INVALID_ARGUMENT" in capsys.readouterr().err
+    assert [e.user for e in read_token_entries(path)] == ["admin", "me"]
+
+
+def test_ensure_tokens_adds_a_service_credential_per_service_and_keeps_them(tmp_path) -> None:
+    path = write_tokens_file(tmp_path / "tokens.json", [ADMIN, ME])
+    tf = ensure_tokens(path, services=["mgmtd", "storage", "storage"])
+    assert [(e.user, e.roles) for e in tf.tokens[2:]] == [("svc-mgmtd", ["service"]), ("svc-storage", ["service"])]
+    assert tf.tokens[:2] == [ADMIN, ME]
+    storage = tf.for_service("storage")
+    assert storage is not None and storage.token not in (ADMIN.token, ME.token, tf.for_service("mgmtd").token)
+    assert tf.for_role("user") == ME and tf.for_role("admin") == ADMIN  # clients never pick a service's
+    again = ensure_tokens(path, services=["mgmtd", "storage"])
+    assert again == tf  # kept: the services' credentials do not rotate on every ff up

@@ -209,3 +209,28 @@ def test_storage_node_death_flows_into_the_chain_update() -> None:
         (1, PublicState.OFFLINE),
     ]
     assert new.version == 2
+
+
+def test_a_node_belongs_to_the_service_user_that_registered_it() -> None:
+    """Issue 48 point 2: a node records its registering service user; another one cannot
+    heartbeat as it or claim its targets; the owner itself can (a restart); a node stored
+    before owners existed is claimed by its next heartbeat."""
+    from fireflyer.core.errors import PermissionDenied
+
+    hb = msgspec.structs.replace(storage_hb("s1", t1=L.UPTODATE), sender="svc-storage")
+    reg, _ = apply_heartbeat(RegistryState(), hb, now=100.0)
+    assert reg.nodes["s1"].owner == "svc-storage"
+    with pytest.raises(PermissionDenied, match="registered by service user 'svc-storage'"):
+        apply_heartbeat(reg, msgspec.structs.replace(hb, sender="svc-meta"), now=101.0)
+    thief = msgspec.structs.replace(storage_hb("s9", t1=L.UPTODATE), sender="svc-meta")
+    with pytest.raises(PermissionDenied, match="may not claim it"):
+        apply_heartbeat(reg, thief, now=101.0)
+    again, _ = apply_heartbeat(reg, hb, now=102.0)
+    assert again.nodes["s1"].owner == "svc-storage" and again.nodes["s1"].last_heartbeat == 102.0
+    # the same owner may move a target to another of its nodes (a disk moved between hosts)
+    moved, _ = apply_heartbeat(again, msgspec.structs.replace(storage_hb("s2", t1=L.UPTODATE), sender="svc-storage"),
+                               now=103.0)
+    assert moved.targets[1].node_id == "s2"
+    legacy = RegistryState(nodes={"s1": msgspec.structs.replace(reg.nodes["s1"], owner="")})
+    claimed, _ = apply_heartbeat(legacy, msgspec.structs.replace(hb, sender="svc-x"), now=104.0)
+    assert claimed.nodes["s1"].owner == "svc-x"

@@ -178,7 +178,7 @@ async def test_auth_disabled_runs_as_anonymous_admin(echo, serve, monkeypatch: p
     stub = echo(server.address, None)
     assert (await stub.AdminPing(echo_pb2.AdminPingRequest())).user == ANONYMOUS_ADMIN.user
     reply = await echo(server.address, "whatever").Echo(echo_pb2.EchoRequest(text="x"))
-    assert set(reply.roles) == {"admin", "user"}
+    assert set(reply.roles) == {"admin", "user", "service"}  # auth off: every call is allowed
 
 
 def test_auth_enabled_without_tokens_fails_at_construction() -> None:
@@ -193,3 +193,14 @@ def test_principal_for_follows_the_servers_auth_rules(tokens: TokenStore) -> Non
     assert on.principal_for("") is None
     off = RpcServer(RpcSettings(), service="x", tokens=None, auth_enabled=False)
     assert off.principal_for("anything") == ANONYMOUS_ADMIN
+
+
+def test_the_service_role_implies_user_but_not_admin() -> None:
+    from fireflyer.rpc import Principal
+
+    svc = Principal("svc-storage", frozenset({"service"}))
+    admin = Principal("admin", frozenset({"admin"}))
+    assert svc.has_role("service") and svc.has_role("user") and not svc.has_role("admin")
+    assert admin.has_role("admin") and admin.has_role("user") and not admin.has_role("service")
+    assert TokenStore.from_entries([{"token": "fft_s", "user": "svc-storage", "roles": ["service"]}]
+                                   ).lookup("fft_s") == svc

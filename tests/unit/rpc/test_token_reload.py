@@ -197,7 +197,7 @@ async def test_a_server_accepts_an_added_user_and_refuses_them_once_revoked(tmp_
                 assert reply.user == "bob"
 
             await _poll(bob_accepted, timeout_s=5, what="the added user accepted")
-            revoke_user(path, "bob", keep_token="adm")
+            revoke_user(path, "bob")
 
             async def bob_refused():
                 try:
