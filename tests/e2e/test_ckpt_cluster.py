@@ -117,6 +117,56 @@ def test_clients_find_the_cluster_from_ff_state_dir_alone(cluster: LocalCluster,
     assert "no Fire-Flyer cluster found" not in r.stderr
 
 
+def test_services_run_with_their_own_credentials(cluster: LocalCluster) -> None:
+    """Issue 48 point 2: ``ff up`` gives each service kind its own credential (svc-<name>, role
+    service); the nodes in mgmtd's routing were registered with them (not with the admin token);
+    a user's token can register no node; meta knows a service credential as itself."""
+    import asyncio
+
+    import grpc
+
+    from fireflyer.api.mgmtd.v1 import mgmtd_pb2 as pb
+    from fireflyer.api.mgmtd.v1 import mgmtd_pb2_grpc as pb_grpc
+    from fireflyer.fs.meta_client import MetaClient
+    from fireflyer.mgmt.client import MgmtdClient
+
+    creds = {name: cluster.tokens.for_service(name) for name in ("mgmtd", "meta", "storage", "checkpoint")}
+    assert all(c is not None and c.roles == ["service"] and c.user == f"svc-{n}" for n, c in creds.items())
+    tokens = {c.token for c in creds.values() if c is not None}
+    assert len(tokens) == 4 and cluster.admin_token not in tokens and cluster.user_token not in tokens
+
+    async def check() -> None:
+        async with MgmtdClient(cluster.addresses("mgmtd"), token=cluster.user_token) as mgmtd:
+            routing = await mgmtd.get_routing()
+            assert routing is not None
+            owners = {(str(n.type), n.owner) for n in routing.nodes}
+            assert owners == {("storage", "svc-storage"), ("meta", "svc-meta")}, owners
+        channel = grpc.aio.insecure_channel(cluster.address("mgmtd"))
+        try:
+            stub = pb_grpc.MgmtdServiceStub(channel)
+            bob = pb.HeartbeatRequest(node_id="storage-9", node_type="storage", address="127.0.0.1:9",
+                                      tags=["wire=127.0.0.1:9"])
+            for token in (cluster.user_token, cluster.admin_token):
+                try:
+                    await stub.Heartbeat(bob, metadata=(("authorization", f"Bearer {token}"),), timeout=10)
+                except grpc.aio.AioRpcError as e:
+                    assert e.code() is grpc.StatusCode.PERMISSION_DENIED, e
+                else:
+                    raise AssertionError("a non-service token registered a node")
+        finally:
+            await channel.close()
+        async with MgmtdClient(cluster.addresses("mgmtd"), token=cluster.user_token) as mgmtd:
+            routing = await mgmtd.get_routing()
+            assert routing is not None and "storage-9" not in {n.node_id for n in routing.nodes}
+        checkpoint = creds["checkpoint"]
+        assert checkpoint is not None
+        async with await MetaClient.connect(cluster.addresses("meta"), checkpoint.token) as meta:
+            me = await meta.whoami()
+            assert (me.user, me.roles, me.uid, me.home) == ("svc-checkpoint", ("service",), 0, "")
+
+    asyncio.run(check())
+
+
 def test_saves_through_the_service_and_3fs_survive_a_killed_storage_node(cluster: LocalCluster) -> None:
     token = cluster.user_token
     fs: FileSystem = connect(state_dir=cluster.state_dir, token=token)

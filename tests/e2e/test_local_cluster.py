@@ -93,7 +93,9 @@ def test_up_status_refuse_down(state_dir: Path) -> None:
     assert stat.S_IMODE(paths.tokens.stat().st_mode) == 0o600
     assert (paths.nats_store / "jetstream").is_dir()  # JetStream store under the state dir
     env = _environ(rec.processes[1].pid)
-    assert env["FF_INSTANCE"] == "echo-1" and env["FF_TOKEN"] == cluster.admin_token
+    # each service runs with its own credential (svc-echo, role service), not the admin token
+    assert env["FF_INSTANCE"] == "echo-1" and env["FF_TOKEN"] == cluster.service_token("echo")
+    assert env["FF_TOKEN"] != cluster.admin_token
     assert env["FF_RPC_PORT"] == rec.processes[1].address.rsplit(":", 1)[1]
     assert env["FF_NATS_URL"] == rec.nats.url and env["FF_STATE_DIR"] == str(state_dir.absolute())
     assert env["FF_TELEMETRY_SPAN_FILE"] == str(paths.spans)
