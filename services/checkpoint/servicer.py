@@ -10,7 +10,7 @@ every call about a job is made as its caller (:func:`caller`): a job belongs to 
 first saved to it, and only that user or an admin may save into it, read, list, pin, retain or
 delete its checkpoints (the catalog raises ``PermissionDenied`` naming the owner).  ListJobs
 answers the caller's own jobs, every job to an admin.  The service removes checkpoint files with
-its own (admin) file-system rights, only after that check.
+its own file-system rights (its service credential is root to meta), only after that check.
 """
 
 from __future__ import annotations

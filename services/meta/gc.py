@@ -78,7 +78,7 @@ class GcSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 
 class StorageCleaner:
-    """The storage operations of GC and truncation (synchronous; admin token)."""
+    """The storage operations of GC and truncation (synchronous; meta's service credential)."""
 
     def __init__(self, make_storage: Callable[[], StorageClient]) -> None:
         self._make = make_storage

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import msgspec
 
-from fireflyer.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from fireflyer.cluster.records import SERVICE_USER_PREFIX
+from fireflyer.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from fireflyer.rpc.auth import SERVICE_ROLE, TokenEntry, generate_token, read_token_entries, write_tokens_file
 
 __all__ = ["UserRow", "parse_duration", "parse_time", "valid_user_name", "parse_time_after", "plan_add", "plan_revoke",

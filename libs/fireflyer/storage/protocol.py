@@ -66,7 +66,9 @@ by :class:`BatchLimits` (default 128 I/Os or 4 MiB of payload) on both sides; a 
 batch is refused whole (``BadRequest``), nothing applied.
 
 **Authorization.**  Client ops need the ``user`` role; chain-internal and maintenance
-ops (update, sync, dump, remove, query) need ``admin`` (services run with the admin token).
+ops (update, dump_meta, sync_*, remove_range) need ``service``: storage nodes and meta send
+them with their own service credential (``FF_TOKEN`` from ``ff up``).  Whom a token is sent
+to at all: :func:`trusted_peer`.
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ async def test_only_services_register_nodes_and_a_node_stays_with_its_service(st
     hb = pb.HeartbeatRequest(node_id="storage-2", node_type="storage", address="127.0.0.1:9",
                              tags=["wire=127.0.0.1:9"],
                              targets=[pb.TargetReport(target_id=7, local_state="up-to-date")])
-    for who, token in (("user", tokens.user), ("admin", tokens.admin)):
+    for token in (tokens.user, tokens.admin):
         async with connect(addr, token=token) as ch:
             with pytest.raises(PermissionDenied, match="lacks role 'service'"):
                 await pb_grpc.MgmtdServiceStub(ch).Heartbeat(hb)
