@@ -204,7 +204,8 @@ class StorageService(Service):
         specs = parse_targets(s, root=root, instance=ctx.instance)
         token = settings.token or ""
         if settings.auth.enabled and not token:
-            raise SettingsError("storage needs a token to call mgmtd and other storage nodes: set FF_TOKEN",
+            raise SettingsError("storage needs its service credential (role service) to register with mgmtd "
+                                "and forward to other storage nodes: set FF_TOKEN (ff up sets svc-storage's)",
                                 key="token", expected="bearer token")
         self.pool = ConnectionPool(token=token, name=node_id, connect_timeout_s=s.connect_timeout_s,
                                    request_timeout_s=s.forward_timeout_s, io_timeout_s=s.forward_timeout_s)

@@ -410,7 +410,7 @@ class MetaClient:
 
 
 async def _meta_addresses_from(mgmtd: Any) -> list[str]:
-    """Addresses of live meta nodes in mgmtd's routing info.
+    """Addresses of live meta nodes in mgmtd's routing info (registered by a service).
 
     ``mgmtd`` is a :class:`~fireflyer.mgmt.client.RoutingCache` (its cached copy,
     which NATS events and pulls keep fresh; refreshed here only when empty or on
@@ -425,5 +425,7 @@ async def _meta_addresses_from(mgmtd: Any) -> list[str]:
         routing = await mgmtd.get_routing(0)
     if routing is None:
         return []
+    # only a meta node a service credential registered (it has an owner) gets the caller's token;
+    # see fireflyer.storage.protocol.trusted_peer for why mgmtd's routing is trusted
     return sorted(n.address for n in routing.nodes
-                  if n.type is NodeType.META and n.status is NodeStatus.ALIVE and n.address)
+                  if n.type is NodeType.META and n.status is NodeStatus.ALIVE and n.address and n.owner)
