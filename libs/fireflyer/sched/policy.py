@@ -83,10 +83,11 @@ class Start(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Preempt(msgspec.Struct, frozen=True, kw_only=True):
-    """Interrupt running run ``task`` so that run ``for_task`` gets its nodes."""
+    """Interrupt running run ``task`` so that run ``for_task`` (at ``for_priority``) gets its nodes."""
 
     task: int
     for_task: int
+    for_priority: Priority
     reason: str
 
 
@@ -384,7 +385,7 @@ def decide(tasks: Sequence[Task], nodes: Sequence[NodeView], quotas: Iterable[Qu
             assert pool is not None
             pool.taken.add(v.id)
             waiting_on.add(v.id)
-            decision.preempts.append(Preempt(task=v.id, for_task=t.id, reason=(
+            decision.preempts.append(Preempt(task=v.id, for_task=t.id, for_priority=Priority(level), reason=(
                 f"preempted for run {t.id} ({Priority(level).name}, {n} nodes) of {spec.user}")))
         coming = sum(len(v) for v in from_releasing.values()) + _victim_nodes(chosen, used_zones, group)
         decision.waiting[t.id] = Reason(code=WAITING_RELEASE, message=(
