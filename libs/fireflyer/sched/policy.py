@@ -195,8 +195,24 @@ class _Group:
         self.zone_of: dict[str, str] = {}  # enabled node -> zone (drained nodes never come free)
         self.protected = 0  # running runs not yet past their minimum runtime
 
-    def zones(self) -> list[str]:
-        return sorted(self.enabled)
+        self.zone_list: list[str] = []
+        self.max_enabled = 0
+        # the "free by zone" text of reasons, rebuilt only when a free list changes (deep queues
+        # give thousands of reasons against the same few counts)
+        self.version = 0
+        self._free_text: dict[tuple[str, ...], tuple[int, str]] = {}
+
+    def seal(self) -> None:
+        self.zone_list = sorted(self.enabled)
+        self.max_enabled = max(self.enabled.values(), default=0)
+
+    def free_text(self, zones: list[str]) -> str:
+        key = tuple(zones)
+        cached = self._free_text.get(key)
+        if cached is None or cached[0] != self.version:
+            cached = (self.version, ", ".join(f"{z or '-'}: {len(self.free[z])}" for z in zones))
+            self._free_text[key] = cached
+        return cached[1]
 
 
 class _Victims:
@@ -237,6 +253,8 @@ def decide(tasks: Sequence[Task], nodes: Sequence[NodeView], quotas: Iterable[Qu
         if n.task is None:
             g.free[n.zone].append(n.name)
     groups = dict(groups)
+    for g in groups.values():
+        g.seal()
 
     # --- running runs: quota charges, the cross-zone slot, victims, releasing nodes -------------
     book = QuotaBook(quotas, config.default_quota)
@@ -318,8 +336,8 @@ def decide(tasks: Sequence[Task], nodes: Sequence[NodeView], quotas: Iterable[Qu
         if refusal is not None:
             decision.waiting[t.id] = Reason(code=OVER_QUOTA, message=f"over quota: {refusal}")
             continue
-        zones = [spec.zone] if spec.zone else group.zones()
-        max_zone = max((group.enabled.get(z, 0) for z in zones), default=0)
+        zones = [spec.zone] if spec.zone else group.zone_list
+        max_zone = group.enabled.get(spec.zone, 0) if spec.zone else group.max_enabled
         may_span = config.allow_cross_zone and not spec.zone and len(zones) > 1
         if n > max_zone and not may_span:
             decision.waiting[t.id] = Reason(code=ZONE_RULE, message=(
@@ -338,6 +356,7 @@ def decide(tasks: Sequence[Task], nodes: Sequence[NodeView], quotas: Iterable[Qu
             z = min(fits, key=lambda z: (len(group.free[z]), z))
             picked = group.free[z][:n]
             del group.free[z][:n]
+            group.version += 1
             _start(decision, book, t, level, picked, (z,))
             continue
         total_free = sum(len(group.free[z]) for z in zones)
@@ -348,6 +367,7 @@ def decide(tasks: Sequence[Task], nodes: Sequence[NodeView], quotas: Iterable[Qu
                 if take:
                     picked += group.free[z][:take]
                     del group.free[z][:take]
+                    group.version += 1
                     used.append(z)
                 if len(picked) == n:
                     break
@@ -372,6 +392,7 @@ def decide(tasks: Sequence[Task], nodes: Sequence[NodeView], quotas: Iterable[Qu
         for z, names in from_free.items():
             taken = set(names)
             group.free[z] = [x for x in group.free[z] if x not in taken]
+            group.version += 1
         waiting_on: set[int] = set()
         for z, names in from_releasing.items():
             taken = set(names)
@@ -490,5 +511,4 @@ def _why_no_victims(t: Task, level: int, group: _Group, pool: _Victims | None, c
 
 
 def _not_enough(n: int, group: _Group, zones: list[str], why: str) -> Reason:
-    free = ", ".join(f"{z or '-'}: {len(group.free[z])}" for z in zones)
-    return Reason(code=NOT_ENOUGH_NODES, message=f"needs {n} nodes, free by zone {free}; {why}")
+    return Reason(code=NOT_ENOUGH_NODES, message=f"needs {n} nodes, free by zone {group.free_text(zones)}; {why}")
