@@ -290,8 +290,9 @@ def decide(tasks: Sequence[Task], nodes: Sequence[NodeView], quotas: Iterable[Qu
         level: int | None = int(t.spec.priority)
         if level == int(Priority.AUTO):
             level = None  # resolved against the quotas when its turn comes
-        # AUTO runs queue at their best possible level: the highest one they could resolve to
-        order = level if level is not None else (book.explicit_levels(t.spec) or [int(config.auto_fallback)])[0]
+        # AUTO runs queue at the level they would get against what runs now; if the runs ahead of
+        # them use that quota up meanwhile, they resolve lower when their turn comes
+        order = level if level is not None else (resolve_auto(t.spec, book, config) or int(config.auto_fallback))
         queue.append((-order, t.submitted_at, t.id, t, level))
     queue.sort(key=lambda q: q[:3])
 
@@ -496,6 +497,13 @@ def _plan_in(t: Task, level: int, n: int, group: _Group, option: tuple[str, ...]
         chosen.append(v)
         freed += gain
         if have + freed >= n:
+            # drop victims the later ones made unnecessary (a LOW 1-node run taken before the
+            # 8-node run that alone suffices): fewer interrupted runs, same rule for who goes
+            for u in reversed(chosen[:-1]):
+                gain_u = _vnodes(u, option, group)
+                if have + freed - gain_u >= n:
+                    chosen.remove(u)
+                    freed -= gain_u
             return freed, chosen
     return None
 

@@ -176,6 +176,15 @@ def test_victims_lowest_priority_then_newest() -> None:
         assert [p.task for p in d.preempts] == victims
 
 
+def test_victims_made_unnecessary_are_spared() -> None:
+    nodes = cluster({"A": 9}, held={**{"n0": 7}, **{f"n{i}": 8 for i in range(1, 9)}})
+    runs = [running(7, ["n0"], P.LOW, user="bob", started=-HOUR),
+            running(8, [f"n{i}" for i in range(1, 9)], P.NORMAL, user="bob", started=-HOUR)]
+    d = decide([*runs, waiting(1, 4, P.HIGH)], nodes, [], 0)
+    assert [p.task for p in d.preempts] == [8]
+    assert d.waiting[1].message.startswith("waiting for 8 nodes")
+
+
 def test_above_normal_is_demoted_after_30_minutes() -> None:
     nodes = cluster({"A": 2}, held={"n0": 9, "n1": 9})
     for ran, victims in ((1000.0, []), (2000.0, [9])):
@@ -229,6 +238,11 @@ def test_auto_takes_the_highest_level_with_quota() -> None:
     d = decide(tasks, cluster({"A": 8}), quotas, 0, SchedConfig(default_quota=0))
     assert {s.task: s.priority for s in d.starts} == {1: P.HIGH, 2: P.NORMAL}
     assert d.waiting[3].code == OVER_QUOTA and d.waiting[3].message.startswith("AUTO")
+    # an AUTO run queues at the level it resolves to: below an earlier NORMAL run once HIGH is used up
+    nodes = cluster({"A": 4}, held={"n0": 9, "n1": 9})
+    tasks = [running(9, ["n0", "n1"], P.HIGH), waiting(1, 2, P.AUTO, at=0), waiting(2, 2, P.NORMAL, user="bob", at=5)]
+    d = decide(tasks, nodes, quotas[:1], 0)
+    assert list(started(d)) == [2] and d.waiting[1].code == NOT_ENOUGH_NODES
     # no quota entry at all: the fallback level (LOW)
     assert decide([waiting(1, 2, P.AUTO)], cluster({"A": 2}), [], 0).starts[0].priority is P.LOW
 
