@@ -10,6 +10,9 @@ their nodes, preempted runs become releasing).  The workload mixes sizes (1 to 5
 them small, as on a shared cluster), HAI's priority levels (AUTO among them), 60 users in 6 shared
 groups with a few quotas, and 1% drained nodes.
 
+Anchor, measured in the same cycles on the same inputs: ordering the waiting runs by (priority,
+submission, id), which any decision must at least do; ``ratio_to_sort`` = median cycle / that.
+
 Reported: the decision's time per cycle (median, p95, max, and the first cycle that fills an empty
 cluster), the share of enabled nodes held by runs after each decision while the queue is deep, and
 the same for each queue depth of ``--scaling`` (how the cycle grows with the queue).  Goals (issue
@@ -148,6 +151,7 @@ def simulate(nodes: int, zones: int, queued: int, cycles: int, seed: int = 0,
     """Run ``cycles`` decisions with ``queued`` runs waiting; the figures of one queue depth."""
     sim = _Sim(nodes, zones, queued, seed)
     times: list[float] = []
+    anchor: list[float] = []
     busy: list[float] = []
     depth: list[int] = []
     starts = preempts = 0
@@ -164,11 +168,16 @@ def simulate(nodes: int, zones: int, queued: int, cycles: int, seed: int = 0,
         times.append((time.perf_counter() - t0) * 1000)
         if profile is not None:
             profile.disable()
+        # the anchor: what any decision must at least do, order the waiting runs (same inputs)
+        t0 = time.perf_counter()
+        sorted((-int(t.spec.priority), t.submitted_at, t.id) for t in tasks if t.waiting)
+        anchor.append((time.perf_counter() - t0) * 1000)
         sim.apply(d)
         starts += len(d.starts)
         preempts += len(d.preempts)
         busy.append(sim.busy())
     steady = times[1:] or times
+    sort_ms = statistics.median(anchor[1:] or anchor)
     return {
         "tasks": queued,
         "cycles": cycles,
@@ -176,6 +185,8 @@ def simulate(nodes: int, zones: int, queued: int, cycles: int, seed: int = 0,
         "cycle_ms_median": round(statistics.median(steady), 2),
         "cycle_ms_p95": round(sorted(steady)[max(0, int(len(steady) * 0.95) - 1)], 2),
         "cycle_ms_max": round(max(steady), 2),
+        "anchor_sort_ms": round(sort_ms, 3),
+        "ratio_to_sort": round(statistics.median(steady) / sort_ms, 1) if sort_ms > 0 else None,
         "busy_min": round(min(busy), 4),
         "busy_median": round(statistics.median(busy), 4),
         "queue_depth_min": min(depth),
@@ -211,10 +222,11 @@ def _print(result: dict[str, Any]) -> None:
           f"{r['cycles']} cycles: median {r['cycle_ms_median']} ms, p95 {r['cycle_ms_p95']} ms, "
           f"max {r['cycle_ms_max']} ms (first, empty cluster: {r['first_cycle_ms']} ms); busy min "
           f"{r['busy_min']:.1%}, median {r['busy_median']:.1%}; {r['starts']} starts, {r['preempts']} preemptions")
-    print(f"{'queued':>8} {'median ms':>10} {'p95 ms':>8} {'max ms':>8} {'first ms':>9} {'busy min':>9}")
+    print(f"{'queued':>8} {'median ms':>10} {'p95 ms':>8} {'max ms':>8} {'first ms':>9} {'busy min':>9} "
+          f"{'sort ms':>8} {'ratio':>6}")
     for row in result["scaling"]:
         print(f"{row['tasks']:>8} {row['cycle_ms_median']:>10} {row['cycle_ms_p95']:>8} {row['cycle_ms_max']:>8} "
-              f"{row['first_cycle_ms']:>9} {row['busy_min']:>9.1%}")
+              f"{row['first_cycle_ms']:>9} {row['busy_min']:>9.1%} {row['anchor_sort_ms']:>8} {row['ratio_to_sort']:>6}")
     for g in result["goals"]:
         print(f"{'met ' if g['met'] else 'MISSED'} {g['goal']}: {g['value']} (target {g['target']})")
 

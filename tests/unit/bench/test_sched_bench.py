@@ -13,6 +13,7 @@ def test_bench_sched_small() -> None:
     assert run["tasks"] == 60 and run["cycles"] == 20 and run["starts"] > 0
     assert 0.0 <= run["busy_min"] <= run["busy_median"] <= 1.0
     assert run["cycle_ms_median"] <= run["cycle_ms_p95"] <= run["cycle_ms_max"]
+    assert run["anchor_sort_ms"] > 0 and run["ratio_to_sort"] > 0
     assert [row["tasks"] for row in r["scaling"]] == [10, 60]
     cycle, busy = r["goals"]
     assert cycle["value"] == run["cycle_ms_p95"] and cycle["met"] == (cycle["value"] <= cycle["target"])
