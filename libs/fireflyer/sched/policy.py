@@ -433,10 +433,12 @@ def _plan(t: Task, level: int, n: int, group: _Group, zones: list[str], may_span
           pool: _Victims | None, now: float, config: SchedConfig,
           ) -> tuple[list[Task], dict[str, list[str]], dict[str, list[str]], tuple[str, ...]] | None:
     """The cheapest way to get ``n`` nodes from free + releasing nodes + victims: in one zone if any
-    zone can do it (fewest victim nodes, then zone name), else across zones when allowed."""
-    options: list[tuple[str, ...]] = [(z,) for z in zones]
-    best = None
-    for option in options:
+    zone can do it (lowest victims, then fewest victim nodes, then zone name), else across zones
+    when allowed."""
+    # cost of a plan: the highest level it interrupts first (victims go lowest priority first, so
+    # a zone with a LOW victim beats one with a NORMAL victim), then how many nodes it interrupts
+    best: tuple[tuple[int, int], tuple[str, ...], list[Task]] | None = None
+    for option in [(z,) for z in zones]:
         got = _plan_in(t, level, n, group, option, pool, config)
         if got is not None and (best is None or (got[0], option) < (best[0], best[1])):
             best = (got[0], option, got[1])
@@ -478,13 +480,14 @@ def _vnodes(v: Task, option: tuple[str, ...], group: _Group) -> int:
 
 
 def _plan_in(t: Task, level: int, n: int, group: _Group, option: tuple[str, ...], pool: _Victims | None,
-             config: SchedConfig) -> tuple[int, list[Task]] | None:
+             config: SchedConfig) -> tuple[tuple[int, int], list[Task]] | None:
+    """Victims in ``option``'s zones for ``n`` nodes, with the plan's cost, or None if impossible."""
     have = sum(len(group.free[z]) + len(group.releasing[z]) for z in option)
     if have >= n:
-        return 0, []
+        return (-1, 0), []
     if pool is None:
         return None
-    chosen: list[Task] = []
+    chosen: list[tuple[int, int, Task]] = []  # (level, nodes it frees here, run)
     freed = 0
     for v_level, _, v in pool.runs:
         if v_level > level:
@@ -494,17 +497,16 @@ def _plan_in(t: Task, level: int, n: int, group: _Group, option: tuple[str, ...]
         gain = _vnodes(v, option, group)
         if not gain:
             continue
-        chosen.append(v)
+        chosen.append((v_level, gain, v))
         freed += gain
         if have + freed >= n:
             # drop victims the later ones made unnecessary (a LOW 1-node run taken before the
             # 8-node run that alone suffices): fewer interrupted runs, same rule for who goes
-            for u in reversed(chosen[:-1]):
-                gain_u = _vnodes(u, option, group)
-                if have + freed - gain_u >= n:
-                    chosen.remove(u)
-                    freed -= gain_u
-            return freed, chosen
+            for c in reversed(chosen[:-1]):
+                if have + freed - c[1] >= n:
+                    chosen.remove(c)
+                    freed -= c[1]
+            return (max(c[0] for c in chosen), freed), [c[2] for c in chosen]
     return None
 
 

@@ -176,6 +176,15 @@ def test_victims_lowest_priority_then_newest() -> None:
         assert [p.task for p in d.preempts] == victims
 
 
+def test_zone_with_the_lowest_victims_is_chosen() -> None:
+    # zone B needs fewer interrupted nodes, but a NORMAL run; zone A's victim is LOW
+    nodes = cluster({"A": 4, "B": 4}, held={**{f"n{i}": 7 for i in range(4)}, "n4": 8, "n5": 8})
+    runs = [running(7, ["n0", "n1", "n2", "n3"], P.LOW, user="bob", started=-HOUR),
+            running(8, ["n4", "n5"], P.NORMAL, user="bob", started=-2 * HOUR)]
+    d = decide([*runs, waiting(1, 4, P.HIGH, zone="")], nodes, [], 0, SchedConfig(allow_cross_zone=False))
+    assert [p.task for p in d.preempts] == [7]
+
+
 def test_victims_made_unnecessary_are_spared() -> None:
     nodes = cluster({"A": 9}, held={**{"n0": 7}, **{f"n{i}": 8 for i in range(1, 9)}})
     runs = [running(7, ["n0"], P.LOW, user="bob", started=-HOUR),
