@@ -17,7 +17,8 @@ Reported: the decision's time per cycle (median, p95, max, and the first cycle t
 cluster), the share of enabled nodes held by runs after each decision while the queue is deep, and
 the same for each queue depth of ``--scaling`` (how the cycle grows with the queue).  Goals (issue
 49): at 10,000 queued runs, a cycle takes <= 100 ms (HAI ticks once a second) and >= 95% of the nodes
-are busy.  ``--profile`` prints the decision's cProfile top functions to stderr.
+are busy.  Also timed: a preemption storm (every node runs an old 1-node LOW run when the queue of
+HIGH runs arrives, so one cycle preempts the whole cluster).  ``--profile`` prints the decision's cProfile top functions to stderr.
 """
 
 from __future__ import annotations
@@ -195,6 +196,35 @@ def simulate(nodes: int, zones: int, queued: int, cycles: int, seed: int = 0,
     }
 
 
+def preemption_storm(nodes: int, zones: int, queued: int, seed: int = 0, repeat: int = 3) -> dict[str, Any]:
+    """The worst cycle we know: every enabled node runs an old 1-node LOW run, ``queued`` HIGH runs
+    of 1 to 8 nodes arrive, and the decision preempts the whole cluster at once (median of
+    ``repeat``)."""
+    rng = random.Random(seed)
+    node_list = _nodes(nodes, zones, rng)
+    runs: list[Task] = []
+    for i, n in enumerate(node_list):
+        if n.state != ENABLED:
+            continue
+        spec = TaskSpec(user=f"user{i % 60:02d}", nodes=1, priority=Priority.LOW, command=("x",))
+        runs.append(Task(id=1_000_000 + i, chain_id=1_000_000 + i, spec=spec, submitted_at=-10_000.0,
+                         chain_status=RUNNING, queue_status=SCHEDULED, priority=Priority.LOW,
+                         started_at=-7200.0 - i, nodes=(n.name,)))
+        node_list[i] = msgspec.structs.replace(n, task=1_000_000 + i)
+    for i in range(queued):
+        spec = TaskSpec(user=f"user{i % 60:02d}", nodes=rng.choice((1, 1, 2, 4, 8)), priority=Priority.HIGH,
+                        command=("x",))
+        runs.append(Task(id=i + 1, chain_id=i + 1, spec=spec, submitted_at=float(i)))
+    times = []
+    d = None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        d = decide(runs, node_list, [], 0.0)
+        times.append((time.perf_counter() - t0) * 1000)
+    assert d is not None
+    return {"tasks": queued, "cycle_ms_median": round(statistics.median(times), 2), "preempts": len(d.preempts)}
+
+
 def bench_sched(nodes: int = 1250, zones: int = 2, tasks: int = 10000, cycles: int = 30,
                 scaling: Sequence[int] = (100, 300, 1000, 3000, 10000), scaling_cycles: int = 10,
                 seed: int = 0, profile: bool = False) -> dict[str, Any]:
@@ -212,8 +242,10 @@ def bench_sched(nodes: int = 1250, zones: int = 2, tasks: int = 10000, cycles: i
         {"goal": f">= {GOAL_BUSY:.0%} of nodes busy while the queue is deep (min over cycles)",
          "value": main_run["busy_min"], "target": GOAL_BUSY, "met": main_run["busy_min"] >= GOAL_BUSY},
     ]
+    storm = preemption_storm(nodes, zones, tasks, seed)
     return {"bench": "sched", "nodes": nodes, "zones": zones, "cycle_s": CYCLE_S, "seed": seed,
-            "run": main_run, "scaling": table, "goals": goals, "cpu_count": os.cpu_count()}
+            "run": main_run, "scaling": table, "preemption_storm": storm, "goals": goals,
+            "cpu_count": os.cpu_count()}
 
 
 def _print(result: dict[str, Any]) -> None:
@@ -227,6 +259,9 @@ def _print(result: dict[str, Any]) -> None:
     for row in result["scaling"]:
         print(f"{row['tasks']:>8} {row['cycle_ms_median']:>10} {row['cycle_ms_p95']:>8} {row['cycle_ms_max']:>8} "
               f"{row['first_cycle_ms']:>9} {row['busy_min']:>9.1%} {row['anchor_sort_ms']:>8} {row['ratio_to_sort']:>6}")
+    st = result["preemption_storm"]
+    print(f"preemption storm (every node runs an old LOW run, {st['tasks']} HIGH runs arrive): "
+          f"{st['cycle_ms_median']} ms, {st['preempts']} preemptions in one cycle")
     for g in result["goals"]:
         print(f"{'met ' if g['met'] else 'MISSED'} {g['goal']}: {g['value']} (target {g['target']})")
 

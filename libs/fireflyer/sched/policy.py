@@ -40,7 +40,7 @@ start gets one :class:`Reason`: a code and a one-line message.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import msgspec
 
@@ -218,11 +218,43 @@ class _Group:
 class _Victims:
     """Running, preemptible runs of one group in victim order: lowest level, then newest."""
 
-    def __init__(self, runs: list[tuple[int, float, Task]]) -> None:
+    def __init__(self, runs: list[tuple[int, float, Task]], group: _Group) -> None:
         # (effective level, started_at, task); lowest level first, newest first, higher id first
         runs.sort(key=lambda r: (r[0], -r[1], -r[2].id))
         self.runs = runs
         self.taken: set[int] = set()
+        # per run, how many of its nodes come free in each zone (drained ones never do)
+        self.gain: dict[int, dict[str, int]] = {}
+        for _, _, t in runs:
+            per: dict[str, int] = defaultdict(int)
+            for x in t.nodes:
+                z = group.zone_of.get(x)
+                if z is not None:
+                    per[z] += 1
+            self.gain[t.id] = per
+        # per zone option, the runs with nodes there (indexes into runs) and where the untaken part
+        # starts: victims are mostly taken in order, so a deep queue does not rescan the taken ones
+        self._lists: dict[tuple[str, ...], list[int]] = {}
+        self._first: dict[tuple[str, ...], int] = {}
+
+    def gain_in(self, t: Task, option: tuple[str, ...]) -> int:
+        per = self.gain[t.id]
+        return sum(per.get(z, 0) for z in option)
+
+    def candidates(self, option: tuple[str, ...]) -> Iterator[tuple[int, int, Task]]:
+        """(level, nodes it frees in ``option``, run) of the untaken runs, in victim order."""
+        idx = self._lists.get(option)
+        if idx is None:
+            idx = self._lists[option] = [i for i, r in enumerate(self.runs) if self.gain_in(r[2], option)]
+            self._first[option] = 0
+        first = self._first[option]
+        while first < len(idx) and self.runs[idx[first]][2].id in self.taken:
+            first += 1
+        self._first[option] = first
+        for k in range(first, len(idx)):
+            level, _, t = self.runs[idx[k]]
+            if t.id not in self.taken:
+                yield level, self.gain_in(t, option), t
 
 
 def decide(tasks: Sequence[Task], nodes: Sequence[NodeView], quotas: Iterable[Quota], now: float,
@@ -280,7 +312,7 @@ def decide(tasks: Sequence[Task], nodes: Sequence[NodeView], quotas: Iterable[Qu
             victims_by_group[t.spec.group].append((effective_priority(t, now, config), started, t))
         elif group is not None:
             group.protected += 1
-    victims = {g: _Victims(v) for g, v in victims_by_group.items()}
+    victims = {g: _Victims(v, groups[g]) for g, v in victims_by_group.items() if g in groups}
 
     # --- waiting runs, in order --------------------------------------------------------------
     queue: list[tuple[int, float, int, Task, int | None]] = []
@@ -409,7 +441,8 @@ def decide(tasks: Sequence[Task], nodes: Sequence[NodeView], quotas: Iterable[Qu
             waiting_on.add(v.id)
             decision.preempts.append(Preempt(task=v.id, for_task=t.id, for_priority=Priority(level), reason=(
                 f"preempted for run {t.id} ({Priority(level).name}, {n} nodes) of {spec.user}")))
-        coming = sum(len(v) for v in from_releasing.values()) + _victim_nodes(chosen, used_zones, group)
+        coming = sum(len(v) for v in from_releasing.values()) + sum(
+            pool.gain_in(v, used_zones) for v in chosen if pool is not None)
         decision.waiting[t.id] = Reason(code=WAITING_RELEASE, message=(
             f"waiting for {coming} nodes to be released by run(s) {', '.join(str(i) for i in sorted(waiting_on))}"))
     return decision
@@ -452,7 +485,7 @@ def _plan(t: Task, level: int, n: int, group: _Group, zones: list[str], may_span
     _, option, chosen = best
     # the nodes it reserves: releasing first (they come free soonest, being already on their way),
     # then free ones; victims' nodes are implicitly its own
-    need = n - _victim_nodes(chosen, option, group)
+    need = n - sum(pool.gain_in(v, option) for v in chosen if pool is not None)
     from_releasing: dict[str, list[str]] = {}
     from_free: dict[str, list[str]] = {}
     for z in option:
@@ -467,16 +500,8 @@ def _plan(t: Task, level: int, n: int, group: _Group, zones: list[str], may_span
             need -= take
     assert need <= 0
     used = tuple(z for z in option if z in from_free or z in from_releasing
-                 or any(group.zone_of.get(x) == z for v in chosen for x in v.nodes))
+                 or (pool is not None and any(pool.gain[v.id].get(z) for v in chosen)))
     return chosen, from_free, from_releasing, used or option
-
-
-def _victim_nodes(chosen: list[Task], option: tuple[str, ...], group: _Group) -> int:
-    return sum(_vnodes(v, option, group) for v in chosen)
-
-
-def _vnodes(v: Task, option: tuple[str, ...], group: _Group) -> int:
-    return sum(1 for x in v.nodes if group.zone_of.get(x) in option)
 
 
 def _plan_in(t: Task, level: int, n: int, group: _Group, option: tuple[str, ...], pool: _Victims | None,
@@ -489,13 +514,10 @@ def _plan_in(t: Task, level: int, n: int, group: _Group, option: tuple[str, ...]
         return None
     chosen: list[tuple[int, int, Task]] = []  # (level, nodes it frees here, run)
     freed = 0
-    for v_level, _, v in pool.runs:
+    for v_level, gain, v in pool.candidates(option):
         if v_level > level:
             break
-        if v.id in pool.taken or not _eligible(v, v_level, t, level, config):
-            continue
-        gain = _vnodes(v, option, group)
-        if not gain:
+        if not _eligible(v, v_level, t, level, config):
             continue
         chosen.append((v_level, gain, v))
         freed += gain

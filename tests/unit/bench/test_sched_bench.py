@@ -15,6 +15,8 @@ def test_bench_sched_small() -> None:
     assert run["cycle_ms_median"] <= run["cycle_ms_p95"] <= run["cycle_ms_max"]
     assert run["anchor_sort_ms"] > 0 and run["ratio_to_sort"] > 0
     assert [row["tasks"] for row in r["scaling"]] == [10, 60]
+    storm = r["preemption_storm"]
+    assert storm["tasks"] == 60 and 0 < storm["preempts"] <= 40
     cycle, busy = r["goals"]
     assert cycle["value"] == run["cycle_ms_p95"] and cycle["met"] == (cycle["value"] <= cycle["target"])
     assert busy["value"] == run["busy_min"] and busy["met"] == (busy["value"] >= busy["target"])
