@@ -197,6 +197,7 @@ class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
 class Task(msgspec.Struct, kw_only=True):
     """One run of a chain as the scheduler sees it.
 
+    ``chain_id`` is the id of the chain's first run (HAI's ``first_id``).
     ``submitted_at`` is when the *chain* was first submitted: a resumed run keeps its chain's place
     in the FIFO, as HAI sorts by ``first_id``.  ``priority`` is the level the run was admitted at
     (AUTO resolved; None while it waits); quotas are charged at that level.  ``nodes`` are the
@@ -256,13 +257,15 @@ class Quota(msgspec.Struct, frozen=True, kw_only=True):
     """At most ``max_nodes`` nodes of node group ``group`` at ``priority`` for ``owner``.
 
     ``owner`` is a user name or a shared group name (HAI's ``node-<group>-<PRIORITY>`` resource).
-    A user's entry caps that user; a shared group's entry caps its members together.
+    A user's entry caps that user; a shared group's entry caps its members together.  An entry past
+    ``expires_at`` (HAI's ``expire_time``; None: never) counts as absent.
     """
 
     owner: str
     group: str
     priority: Priority
     max_nodes: int
+    expires_at: float | None = None
 
 
 class SchedConfig(msgspec.Struct, frozen=True, kw_only=True):

@@ -23,6 +23,7 @@ comes in).  The rules, in the order they are applied:
    of preempting more.
 6. Quotas: a run starts at priority p in node group g only while its user, and its shared group,
    hold no more than their quota at (g, p) with it; a run is charged at the level it was admitted at.
+   An expired entry counts as absent (the default quota applies).
 7. Drained nodes get no new work (their running runs keep going until they end or are preempted,
    as Slurm's drain does; a drained node freed by a victim is not counted as coming free).
 
@@ -117,11 +118,13 @@ def effective_priority(task: Task, now: float, config: SchedConfig) -> int:
 class QuotaBook:
     """Quota limits and the nodes charged against them during one decision."""
 
-    def __init__(self, quotas: Iterable[Quota], default: int | None) -> None:
+    def __init__(self, quotas: Iterable[Quota], default: int | None, now: float) -> None:
         self.limits: dict[tuple[str, str, int], int] = {}
         # which levels each (owner, group) has an explicit entry for, highest first (for AUTO)
         levels: dict[tuple[str, str], set[int]] = defaultdict(set)
         for q in quotas:
+            if q.expires_at is not None and q.expires_at <= now:
+                continue
             self.limits[(q.owner, q.group, int(q.priority))] = q.max_nodes
             levels[(q.owner, q.group)].add(int(q.priority))
         self.levels = {k: sorted(v, reverse=True) for k, v in levels.items()}
@@ -289,7 +292,7 @@ def decide(tasks: Sequence[Task], nodes: Sequence[NodeView], quotas: Iterable[Qu
         g.seal()
 
     # --- running runs: quota charges, the cross-zone slot, victims, releasing nodes -------------
-    book = QuotaBook(quotas, config.default_quota)
+    book = QuotaBook(quotas, config.default_quota, now)
     cross_zone: int | None = None
     victims_by_group: dict[str, list[tuple[int, float, Task]]] = defaultdict(list)
     for t in sorted((t for t in tasks if t.running), key=lambda t: t.id):

@@ -224,6 +224,13 @@ def test_user_quota_per_group_and_priority() -> None:
     assert list(started(d)) == [1]
 
 
+def test_expired_quota_counts_as_absent() -> None:
+    quotas = [Quota(owner="alice", group="default", priority=P.NORMAL, max_nodes=1, expires_at=100.0)]
+    assert decide([waiting(1, 2)], cluster({"A": 4}), quotas, 50).waiting[1].code == OVER_QUOTA
+    assert list(started(decide([waiting(1, 2)], cluster({"A": 4}), quotas, 100))) == [1]
+    assert decide([waiting(1, 2)], cluster({"A": 4}), quotas, 100, SchedConfig(default_quota=1)).starts == []
+
+
 def test_shared_group_quota_caps_its_members_together() -> None:
     quotas = [Quota(owner="public", group="default", priority=P.NORMAL, max_nodes=3)]
     tasks = [waiting(1, 2, user="alice", shared_group="public"), waiting(2, 2, user="bob", shared_group="public", at=1),
