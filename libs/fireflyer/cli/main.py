@@ -37,6 +37,7 @@ BENCHES: dict[str, str] = {
     "incast": "fireflyer.bench.incast",
     "ckpt": "fireflyer.bench.ckpt",
     "kv": "fireflyer.bench.kv",
+    "sched": "fireflyer.bench.sched",
 }
 
 #: modules that add subcommands; imported lazily so ``ff --help`` stays fast
