@@ -1,0 +1,661 @@
+"""One scheduler replica: the lease, the leader's decision loop, and every read and write.
+
+Leader election is mgmtd's (:mod:`fireflyer.mgmt.lease`): every ``renew_s`` each replica runs one KV
+transaction that extends its lease, takes over an expired one or follows the holder.  The leader
+runs the decision loop, every ``tick_s`` and at once after a write that may change the decision
+(a submit, a stop, a report, a drain):
+
+1. one serializable transaction, which re-reads the lease (``ensure_primary``) so a deposed leader
+   commits nothing: read the unfinished runs, nodes and quotas; mark runs whose stop is due
+   (:func:`fireflyer.sched.lifecycle.stop_due`); call :func:`fireflyer.sched.policy.decide`; write
+   its starts (runs on their nodes, nodes held), preemptions (suspend handshake SENT) and the
+   waiting runs' reasons;
+2. after the commit, the node actions through :class:`~fireflyer.sched.agents.NodeAgents`: start
+   each rank, send the suspend flag to every node of a preempted run, stop runs.
+
+A leader that dies between 1 and 2 loses no task: the new leader re-sends what the records say is
+in flight (ranks still ``created``, interrupts not yet answered, stops not yet done) when it takes
+over; agents take repeats as no-ops.  Writes (submit, stop, node and quota changes, agents'
+reports) are leader-only and each is one transaction that checks the lease; a follower refuses them
+with :class:`~fireflyer.mgmt.lease.NotPrimary` naming the leader, and the client retries there.
+Reads are served by every replica from the KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import msgspec
+
+from fireflyer.core.clock import Clock
+from fireflyer.core.errors import (
+    FailedPrecondition,
+    FireFlyerError,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
+from fireflyer.core.log import EventLogger
+from fireflyer.core.patience import Patience
+from fireflyer.kv import KV, Txn
+from fireflyer.mgmt.lease import LeaseAction, LeaseConfig, LeaseDecision, NotPrimary, decide_lease, is_primary
+from fireflyer.mgmt.model import LeaseRecord
+from fireflyer.sched import lifecycle
+from fireflyer.sched.agents import NodeAgents, NodeRef, RankLaunch
+from fireflyer.sched.model import (
+    DRAINED,
+    ENABLED,
+    RUNNING,
+    Priority,
+    Quota,
+    RankState,
+    SchedConfig,
+    StopCode,
+    SuspendCode,
+    Task,
+    TaskSpec,
+    check_spec,
+)
+from fireflyer.sched.policy import decide
+from fireflyer.sched.records import NodeRecord, RunRecord
+
+from . import store
+
+__all__ = ["CoreConfig", "Caller", "SchedCore", "Effects", "QuotaUse"]
+
+R = TypeVar("R")
+
+
+class CoreConfig(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    lease: LeaseConfig
+    sched: SchedConfig
+    tick_s: float = 1.0
+    heartbeat_interval_s: float = 1.0
+
+
+class Caller(msgspec.Struct, frozen=True):
+    """Who calls: a user name and whether it is an admin (admins see and change every task)."""
+
+    user: str
+    admin: bool = False
+
+
+class QuotaUse(msgspec.Struct, frozen=True, kw_only=True):
+    owner: str
+    group: str
+    priority: Priority
+    used: int
+    limit: int | None
+
+
+class Effects(msgspec.Struct, kw_only=True):
+    """Node actions a committed transaction asks for (performed after the commit)."""
+
+    starts: list[tuple[RunRecord, list[int]]] = msgspec.field(default_factory=list)  # run, its ranks to start
+    suspends: list[RunRecord] = msgspec.field(default_factory=list)
+    stops: list[tuple[RunRecord, float]] = msgspec.field(default_factory=list)  # run, SIGTERM->SIGKILL grace
+
+    def __bool__(self) -> bool:
+        return bool(self.starts or self.suspends or self.stops)
+
+
+def _check_owner(rec: RunRecord, caller: Caller, action: str) -> None:
+    if not caller.admin and rec.user != caller.user:
+        raise PermissionDenied(f"task {rec.task.chain_id} belongs to {rec.user}; {caller.user} may not {action} it "
+                               f"(only its owner or an admin may)", task=rec.task.chain_id, owner=rec.user)
+
+
+class SchedCore:
+    """One replica's lease, decision loop (while leader) and the service's operations."""
+
+    def __init__(self, cfg: CoreConfig, *, kv: KV, agents: NodeAgents, clock: Clock, log: EventLogger,
+                 address: Callable[[], str]) -> None:
+        self.cfg = cfg
+        self.kv = kv
+        self.agents = agents
+        self.clock = clock
+        self.log = log
+        self._address = address
+        self.lease: LeaseRecord | None = None
+        self.seen: LeaseRecord | None = None
+        self._leading = False
+        self._loop_task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._lease_patience = Patience(log, "scheduler.lease_failed", clock=clock.monotonic)
+        #: node actions in flight (so that shutdown and tests can wait for them)
+        self._actions: set[asyncio.Task[None]] = set()
+
+    @property
+    def node_id(self) -> str:
+        return self.cfg.node_id
+
+    @property
+    def address(self) -> str:
+        return self._address()
+
+    # -- lease --------------------------------------------------------------------------------
+    def is_leader(self) -> bool:
+        return self._leading and is_primary(self.lease, self.node_id, self.clock.time(),
+                                            self.cfg.lease.step_down_margin_s)
+
+    def not_leader(self) -> NotPrimary:
+        s = self.seen
+        if s is not None and s.holder != self.node_id and self.clock.time() < s.expires_at:
+            return NotPrimary(f"scheduler {self.node_id} is not the leader; the leader is {s.holder} at {s.address}: "
+                              "send writes there", node=self.node_id, primary=s.holder, primary_address=s.address,
+                              term=s.term)
+        return NotPrimary(f"scheduler {self.node_id} is not the leader and no replica holds a live lease; retry "
+                          "in a few seconds, a replica takes over when the lease expires", node=self.node_id)
+
+    async def lease_loop(self) -> None:
+        while not self._stopping:
+            try:
+                await self.lease_pass()
+            except Exception as e:  # a KV failure while taking over: try again next pass
+                self.log.exception("scheduler.lease_pass_crashed", error=repr(e))
+                self.step_down("lease pass failed")
+            await asyncio.sleep(self.cfg.lease.renew_s)
+
+    async def lease_pass(self) -> LeaseDecision | None:
+        if self._stopping:
+            return None
+        me, addr, now, lc = self.node_id, self.address, self.clock.time(), self.cfg.lease
+
+        def txn(t: Txn) -> LeaseDecision | None:
+            if self._stopping:
+                return None
+            d = decide_lease(store.load_lease(t), me, addr, now, lc.lease_s, takeover_grace_s=lc.takeover_grace_s)
+            if d.action is not LeaseAction.FOLLOW:
+                assert d.record is not None
+                store.save_lease(t, d.record)
+            return d
+
+        try:
+            d: LeaseDecision | None = await self.kv.arun(txn, timeout_s=max(lc.renew_s, 1.0))
+        except FireFlyerError as e:
+            d = None
+            self._lease_patience.failed(e, kind=e.kind)
+        else:
+            self._lease_patience.ok()
+        if d is not None:
+            self.seen = d.record
+            if d.action is LeaseAction.FOLLOW:
+                self.lease = None
+            else:
+                self.lease = d.record
+                if d.action is LeaseAction.TAKE_OVER or not self._leading:
+                    await self._become_leader(d)
+        if self._leading and not self.is_leader():
+            self.step_down("lease lost" if d is not None else "lease not renewed in time")
+        return d
+
+    async def _become_leader(self, d: LeaseDecision) -> None:
+        self.step_down("new term")
+        if self._stopping:
+            return
+        self._leading = True
+        # what a dead leader may have left half done: re-send it (agents take repeats as no-ops)
+        effects = await self.kv.arun(lambda t: _in_flight(store.active_runs(t, snapshot=True), self.cfg.sched))
+        self.log.info("scheduler.leader", node=self.node_id, term=d.term, address=self.address,
+                      resend_starts=len(effects.starts), resend_suspends=len(effects.suspends),
+                      resend_stops=len(effects.stops))
+        self._perform(effects)
+        self._loop_task = asyncio.create_task(self._decision_loop(), name="scheduler-decide")
+
+    def step_down(self, reason: str) -> None:
+        task, self._loop_task = self._loop_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        if self._leading:
+            self._leading = False
+            (self.log.info if reason in ("stopping", "new term") else self.log.warning)(
+                "scheduler.stepped_down", node=self.node_id, reason=reason)
+
+    async def release(self) -> None:
+        """On a clean stop: end my lease now so another replica takes over at its next pass."""
+        self._stopping = True
+        self.step_down("stopping")
+        for t in list(self._actions):
+            t.cancel()
+        if self.lease is None:
+            return
+        me, now = self.node_id, self.clock.time()
+
+        def txn(t: Txn) -> bool:
+            rec = store.load_lease(t)
+            if rec is None or rec.holder != me:
+                return False
+            store.save_lease(t, msgspec.structs.replace(rec, renewed_at=now, expires_at=now))
+            return True
+
+        try:
+            if await self.kv.arun(txn, timeout_s=2.0):
+                self.log.info("scheduler.lease_released", node=me)
+        except FireFlyerError as e:
+            self.log.warning("scheduler.lease_release_failed", error=str(e))
+        self.lease = None
+
+    def crash(self) -> None:
+        """Stop acting at once without handing the lease on (a test's stand-in for SIGKILL)."""
+        self._stopping = True
+        self.lease = None  # (so that the shutdown that follows does not hand it on either)
+        self.step_down("crashed")
+        for t in list(self._actions):
+            t.cancel()
+
+    # -- writes ---------------------------------------------------------------------------------
+    async def mutate(self, fn: Callable[[Txn, float], R], *, wake: bool = True) -> R:
+        """Run ``fn(txn, now)`` in one transaction as the leader only (the lease re-read inside)."""
+        if not self.is_leader():
+            raise self.not_leader()
+        me, margin, clock = self.node_id, self.cfg.lease.step_down_margin_s, self.clock
+
+        def txn(t: Txn) -> R:
+            now = clock.time()
+            rec = store.load_lease(t)
+            if not is_primary(rec, me, now, margin):
+                raise self.not_leader()
+            return fn(t, now)
+
+        out = await self.kv.arun(txn)
+        if wake:
+            self._wake.set()
+        return out
+
+    # -- the decision loop ---------------------------------------------------------------------------
+    async def _decision_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.cfg.tick_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            if not self.is_leader():
+                self.step_down("lease expired before a decision")
+                return
+            try:
+                effects = await self.mutate(self._cycle, wake=False)
+            except NotPrimary:
+                self.step_down("a cycle found another lease holder")
+                return
+            except FireFlyerError as e:
+                self.log.warning("scheduler.cycle_failed", error=str(e), kind=e.kind)
+                continue
+            self._perform(effects)
+
+    async def cycle_once(self) -> Effects:
+        """One decision cycle now (tests); the node actions are started, not awaited."""
+        effects = await self.mutate(self._cycle, wake=False)
+        self._perform(effects)
+        return effects
+
+    def _cycle(self, t: Txn, now: float) -> Effects:
+        runs = store.active_runs(t)
+        nodes = {n.name: n for n in store.load_nodes(t)}
+        quotas = store.load_quotas(t)
+        cfg = self.cfg.sched
+        effects = Effects()
+        by_id: dict[int, RunRecord] = {}
+        for rec in runs:
+            grace = lifecycle.stop_due(rec, now, cfg)
+            if grace is not None:
+                rec = msgspec.structs.replace(rec, stop_sent_at=now)
+                store.save_run(t, rec)
+                effects.stops.append((rec, grace))
+            by_id[rec.id] = rec
+        d = decide([r.task for r in by_id.values() if not r.held], [n.view() for n in nodes.values()], quotas,
+                   now, cfg)
+        for s in d.starts:
+            rec = lifecycle.start(by_id[s.task], s, now)
+            by_id[rec.id] = rec
+            store.save_run(t, rec)
+            for name in s.nodes:
+                node = nodes[name]
+                node.task = rec.id
+                store.save_node(t, node)
+            effects.starts.append((rec, list(range(len(s.nodes)))))
+            self.log.info("scheduler.start", task=rec.id, chain=rec.task.chain_id, nodes=list(s.nodes),
+                          priority=s.priority.name)
+        for p in d.preempts:
+            rec = lifecycle.interrupt(by_id[p.task], now, p.reason)
+            by_id[rec.id] = rec
+            store.save_run(t, rec)
+            effects.suspends.append(rec)
+            self.log.info("scheduler.preempt", task=p.task, for_task=p.for_task, reason=p.reason)
+        for run_id, reason in d.waiting.items():
+            rec = by_id[run_id]
+            if (rec.reason, rec.reason_code) != (reason.message, reason.code):
+                store.save_run(t, msgspec.structs.replace(rec, reason=reason.message, reason_code=reason.code))
+        return effects
+
+    # -- node actions ------------------------------------------------------------------------------------
+    def _perform(self, effects: Effects) -> None:
+        if not effects:
+            return
+        task = asyncio.create_task(self._act(effects), name="scheduler-actions")
+        self._actions.add(task)
+        task.add_done_callback(self._actions.discard)
+
+    async def idle(self, timeout_s: float = 10.0) -> None:
+        """Wait until the node actions started so far have been sent (tests)."""
+        async with asyncio.timeout(timeout_s):
+            while self._actions:
+                await asyncio.gather(*list(self._actions), return_exceptions=True)
+
+    async def _act(self, effects: Effects) -> None:
+        nodes = {n.name: n for n in await self.kv.arun(lambda t: store.load_nodes(t, snapshot=True))}
+
+        def ref(name: str) -> NodeRef:
+            n = nodes.get(name)
+            return NodeRef(name=name, address=n.address if n else "")
+
+        jobs = []
+        for rec, ranks in effects.starts:
+            t = rec.task
+            master = ref(t.nodes[0]).address.rsplit(":", 1)[0] if t.nodes else ""
+            for rank in ranks:
+                launch = RankLaunch(task_id=t.id, chain_id=t.chain_id, restart_count=t.restart_count,
+                                    whole_life_state=t.whole_life_state, user=t.spec.user, name=t.spec.name,
+                                    rank=rank, nodes=t.nodes, master_address=master, command=t.spec.command,
+                                    watchdog_s=t.spec.watchdog_s, signal=t.spec.signal)
+                jobs.append(self._start_rank(ref(t.nodes[rank]), launch))
+        for rec in effects.suspends:
+            for name in rec.task.nodes:
+                jobs.append(self._try("suspend", rec.id, name, self.agents.suspend(ref(name), rec.id,
+                                                                                  rec.task.spec.signal)))
+        for rec, grace in effects.stops:
+            for r in rec.task.ranks:
+                if r.state not in lifecycle.TERMINAL:
+                    jobs.append(self._try("stop", rec.id, r.node, self.agents.stop(ref(r.node), rec.id, grace)))
+        await asyncio.gather(*jobs)
+
+    async def _try(self, what: str, run_id: int, node: str, call: Any) -> None:
+        try:
+            await call
+        except FireFlyerError as e:
+            self.log.warning(f"scheduler.{what}_failed", task=run_id, node=node, error=str(e))
+
+    async def _start_rank(self, node: NodeRef, launch: RankLaunch) -> None:
+        try:
+            await self.agents.start(node, launch)
+        except FireFlyerError as e:
+            self.log.warning("scheduler.start_failed", task=launch.task_id, node=node.name, rank=launch.rank,
+                             error=str(e))
+            why = f"rank {launch.rank} could not start on {node.name}: {e}"
+            with contextlib.suppress(FireFlyerError):
+                await self.mutate(lambda t, now: self._start_failed(t, now, launch.task_id, launch.rank, why))
+
+    def _start_failed(self, t: Txn, now: float, run_id: int, rank: int, why: str) -> None:
+        rec = store.load_run(t, run_id)
+        if rec is None or not rec.task.running:
+            return
+        rec = lifecycle.request_stop(rec, StopCode.UNSCHEDULABLE, now, why)
+        self._apply_report(t, now, rec, rank, RankState.STOPPED, -1, None, None)
+
+    # -- tasks ---------------------------------------------------------------------------------------------
+    async def create(self, spec: TaskSpec, caller: Caller) -> list[RunRecord]:
+        if not caller.admin and spec.user != caller.user:
+            raise PermissionDenied(f"{caller.user} may not submit tasks as {spec.user}", user=spec.user)
+        if not caller.admin and spec.shared_group:
+            raise PermissionDenied("only an admin may set a task's shared_group", field="shared_group")
+
+        def fn(t: Txn, now: float) -> list[RunRecord]:
+            nodes = store.load_nodes(t)
+            groups: dict[str, int] = defaultdict(int)
+            for n in nodes:
+                groups[n.group] += 1
+            check_spec(spec, groups=groups, zones={n.zone for n in nodes}, config=self.cfg.sched)
+            run_id = store.next_id(t)
+            rec = RunRecord(task=Task(id=run_id, chain_id=run_id, spec=spec, submitted_at=now,
+                                      whole_life_state=spec.whole_life_state),
+                            reason="submitted; waiting for the next decision", reason_code="submitted")
+            store.save_run(t, rec)
+            return [rec]
+
+        runs = await self.mutate(fn)
+        self.log.info("scheduler.submitted", task=runs[0].id, user=spec.user, nodes=spec.nodes,
+                      priority=spec.priority.name, group=spec.group)
+        return runs
+
+    async def chain(self, run_or_chain: int, caller: Caller) -> list[RunRecord]:
+        def fn(t: Txn) -> list[RunRecord]:
+            return self._chain_of(t, run_or_chain, caller, "see", snapshot=True)
+        return await self.kv.arun(fn)
+
+    @staticmethod
+    def _chain_of(t: Txn, run_or_chain: int, caller: Caller, action: str, snapshot: bool = False) -> list[RunRecord]:
+        rec = store.load_run(t, run_or_chain, snapshot=snapshot)
+        if rec is None:
+            raise NotFound(f"no task {run_or_chain}: `ff task ls` lists yours", task=run_or_chain)
+        _check_owner(rec, caller, action)
+        return store.chain_runs(t, rec.task.chain_id, snapshot=snapshot)
+
+    async def list(self, caller: Caller, *, user: str = "", include_finished: bool = False,
+                   limit: int = 0) -> list[list[RunRecord]]:
+        if user and not caller.admin and user != caller.user:
+            raise PermissionDenied(f"{caller.user} may not list the tasks of {user}", user=user)
+        who = user or ("" if caller.admin else caller.user)
+
+        def fn(t: Txn) -> list[list[RunRecord]]:
+            chains: dict[int, list[RunRecord]] = defaultdict(list)
+            for rec in store.all_runs(t):
+                if not who or rec.user == who:
+                    chains[rec.task.chain_id].append(rec)
+            out = [sorted(runs, key=lambda r: r.id) for _, runs in sorted(chains.items(), reverse=True)]
+            if not include_finished:
+                out = [c for c in out if c[-1].task.chain_status != "finished"]
+            return out[:limit] if limit > 0 else out
+
+        return await self.kv.arun(fn)
+
+    async def stop(self, run_or_chain: int, caller: Caller) -> list[RunRecord]:
+        def fn(t: Txn, now: float) -> list[RunRecord]:
+            runs = self._chain_of(t, run_or_chain, caller, "stop")
+            cur = runs[-1]
+            if cur.task.chain_status == "finished":
+                raise FailedPrecondition(f"task {cur.task.chain_id} has already finished", task=cur.task.chain_id)
+            store.save_run(t, lifecycle.request_stop(cur, StopCode.MANUAL_STOP, now, f"stopped by {caller.user}"))
+            return store.chain_runs(t, cur.task.chain_id)
+        return await self.mutate(fn)
+
+    async def suspend(self, run_or_chain: int, caller: Caller) -> list[RunRecord]:
+        """HAI's suspend: a running run goes through the interrupt handshake and its chain's next run
+        is held; a waiting run is held at once.  Resume releases the chain."""
+        def fn(t: Txn, now: float) -> tuple[list[RunRecord], RunRecord | None]:
+            runs = self._chain_of(t, run_or_chain, caller, "suspend")
+            cur = runs[-1]
+            if cur.task.chain_status == "finished":
+                raise FailedPrecondition(f"task {cur.task.chain_id} has already finished", task=cur.task.chain_id)
+            sent = None
+            if cur.task.running:
+                rec = lifecycle.interrupt(cur, now, f"suspended by {caller.user}", hold=True)
+                sent = rec if rec.task.suspend_code != cur.task.suspend_code else None
+            else:
+                rec = msgspec.structs.replace(cur, held=True, reason=f"held by {caller.user}; `ff task resume` "
+                                              "releases it", reason_code="held")
+            store.save_run(t, rec)
+            return store.chain_runs(t, cur.task.chain_id), sent
+
+        runs, sent = await self.mutate(fn)
+        if sent is not None:
+            self._perform(Effects(suspends=[sent]))
+        return runs
+
+    async def resume(self, run_or_chain: int, caller: Caller) -> list[RunRecord]:
+        def fn(t: Txn, now: float) -> list[RunRecord]:
+            runs = self._chain_of(t, run_or_chain, caller, "resume")
+            cur = runs[-1]
+            if cur.task.chain_status == "finished" or not (cur.held or cur.hold_next):
+                raise FailedPrecondition(f"task {cur.task.chain_id} is not suspended by a user (it is "
+                                         f"{cur.task.chain_status}); only a suspended task can be resumed",
+                                         task=cur.task.chain_id)
+            store.save_run(t, msgspec.structs.replace(cur, held=False, hold_next=False,
+                                                      reason=f"resumed by {caller.user}", reason_code="resumed"))
+            return store.chain_runs(t, cur.task.chain_id)
+        return await self.mutate(fn)
+
+    async def update_priority(self, run_or_chain: int, priority: Priority, caller: Caller) -> list[RunRecord]:
+        def fn(t: Txn, now: float) -> list[RunRecord]:
+            runs = self._chain_of(t, run_or_chain, caller, "reprioritise")
+            cur = runs[-1]
+            if cur.task.chain_status == "finished":
+                raise FailedPrecondition(f"task {cur.task.chain_id} has already finished", task=cur.task.chain_id)
+            store.save_run(t, lifecycle.with_priority(cur, priority))
+            return store.chain_runs(t, cur.task.chain_id)
+        return await self.mutate(fn)
+
+    async def logs(self, run_or_chain: int, rank: int, follow: bool, caller: Caller
+                   ) -> tuple[int, AsyncIterator[bytes]]:
+        runs = await self.chain(run_or_chain, caller)
+        picked = [r for r in runs if r.id == run_or_chain] or [r for r in runs if r.task.ranks]
+        if not picked or not picked[-1].task.ranks:
+            raise FailedPrecondition(f"task {run_or_chain} has not run yet: no logs", task=run_or_chain)
+        rec = picked[-1]
+        if not 0 <= rank < len(rec.task.ranks):
+            raise InvalidArgument(f"rank {rank} is not a rank of run {rec.id} (it has {len(rec.task.ranks)})",
+                                  field="rank")
+        name = rec.task.ranks[rank].node
+        node = await self.kv.arun(lambda t: store.load_node(t, name, snapshot=True))
+        ref = NodeRef(name=name, address=node.address if node else "")
+        return rec.id, self.agents.logs(ref, rec.id, rank, follow and rec.task.running)
+
+    # -- node agents' calls ------------------------------------------------------------------------------
+    async def register_node(self, node: NodeRecord, sender: str) -> NodeRecord:
+        def fn(t: Txn, now: float) -> NodeRecord:
+            old = store.load_node(t, node.name)
+            if old is not None and old.registered_by and old.registered_by != sender:
+                raise PermissionDenied(f"node {node.name} is registered by {old.registered_by}, not {sender}",
+                                       node=node.name)
+            new = msgspec.structs.replace(node, last_seen_at=now, registered_by=sender)
+            if old is not None:  # the admin's state and the holder are the scheduler's, not the agent's
+                new = msgspec.structs.replace(new, state=old.state, reason=old.reason, task=old.task)
+            store.save_node(t, new)
+            return new
+        return await self.mutate(fn, wake=False)
+
+    async def report(self, run_id: int, rank: int, node: str, state: RankState | None, exit_code: int | None,
+                     suspend_code: SuspendCode | None, whole_life_state: int | None) -> None:
+        def fn(t: Txn, now: float) -> None:
+            rec = store.load_run(t, run_id)
+            if rec is None:
+                raise NotFound(f"no run {run_id}", task=run_id)
+            if not rec.task.running:
+                return  # a late report about a run that already ended
+            if not 0 <= rank < len(rec.task.ranks) or rec.task.ranks[rank].node != node:
+                raise InvalidArgument(f"run {run_id} has no rank {rank} on node {node}", field="rank")
+            self._apply_report(t, now, rec, rank, state, exit_code, suspend_code, whole_life_state)
+        await self.mutate(fn)
+
+    def _apply_report(self, t: Txn, now: float, rec: RunRecord, rank: int, state: RankState | None,
+                      exit_code: int | None, suspend_code: SuspendCode | None, whole_life_state: int | None) -> None:
+        rec = lifecycle.report(rec, rank, state, exit_code, suspend_code, whole_life_state, now)
+        if state in lifecycle.TERMINAL:
+            name = rec.task.ranks[rank].node
+            n = store.load_node(t, name)
+            if n is not None and n.task == rec.id:
+                n.task = None
+                store.save_node(t, n)
+        if lifecycle.all_ended(rec):
+            done, nxt = lifecycle.finish(rec, now, 0)
+            if nxt is not None:
+                nxt.task.id = store.next_id(t)
+                store.save_run(t, nxt)
+            store.save_run(t, done)
+            self.log.info("scheduler.run_ended", task=rec.id, chain=rec.task.chain_id,
+                          stop_code=int(done.task.stop_code), requeued_as=nxt.id if nxt else None)
+        else:
+            store.save_run(t, rec)
+
+    # -- nodes ----------------------------------------------------------------------------------------------
+    async def nodes(self) -> list[NodeRecord]:
+        return await self.kv.arun(lambda t: store.load_nodes(t, snapshot=True))
+
+    async def set_node_state(self, name: str, state: str, reason: str, caller: Caller) -> NodeRecord:
+        if state not in (ENABLED, DRAINED):
+            raise InvalidArgument(f"node state must be {ENABLED} or {DRAINED}, got {state!r}", field="state")
+        if state == DRAINED and not reason.strip():
+            raise InvalidArgument("draining a node needs a reason (--reason)", field="reason")
+
+        def fn(t: Txn, now: float) -> NodeRecord:
+            n = store.load_node(t, name)
+            if n is None:
+                raise NotFound(f"no node {name!r}: `ff nodes` lists them", node=name)
+            n.state = state
+            n.reason = reason.strip() if state == DRAINED else ""
+            store.save_node(t, n)
+            return n
+        n = await self.mutate(fn)
+        self.log.info("scheduler.node_state", node=name, state=state, reason=reason, by=caller.user)
+        return n
+
+    # -- quotas ---------------------------------------------------------------------------------------------
+    async def quotas(self, owner: str, caller: Caller) -> list[Quota]:
+        qs = await self.kv.arun(lambda t: store.load_quotas(t, snapshot=True))
+        if owner:
+            return [q for q in qs if q.owner == owner]
+        return qs if caller.admin else [q for q in qs if q.owner == caller.user]
+
+    async def set_quota(self, q: Quota, remove: bool) -> list[Quota]:
+        if not q.owner or not q.group:
+            raise InvalidArgument("a quota names an owner (user or shared group) and a node group",
+                                  field="owner" if not q.owner else "group")
+        if q.priority == Priority.AUTO:
+            raise InvalidArgument("a quota is per priority level; AUTO is not a level", field="priority")
+        if q.max_nodes < 0:
+            raise InvalidArgument(f"max_nodes must be >= 0, got {q.max_nodes}", field="max_nodes")
+
+        def fn(t: Txn, now: float) -> list[Quota]:
+            if remove:
+                store.clear_quota(t, q.owner, q.group, int(q.priority))
+            else:
+                store.save_quota(t, q)
+            return store.load_quotas(t)
+        return await self.mutate(fn)
+
+    async def used(self, owner: str, caller: Caller) -> list[QuotaUse]:
+        def fn(t: Txn) -> tuple[list[RunRecord], list[Quota]]:
+            return store.active_runs(t, snapshot=True), store.load_quotas(t, snapshot=True)
+        runs, qs = await self.kv.arun(fn)
+        now = self.clock.time()
+        limits = {(q.owner, q.group, int(q.priority)): q.max_nodes for q in qs
+                  if q.expires_at is None or q.expires_at > now}
+        used: dict[tuple[str, str, int], int] = defaultdict(int)
+        for rec in runs:
+            t = rec.task
+            if t.chain_status != RUNNING:
+                continue
+            level = int(t.priority if t.priority is not None else t.spec.priority)
+            for who in (t.spec.user, t.spec.shared_group):
+                if who:
+                    used[(who, t.spec.group, level)] += len(t.nodes)
+        keys = set(used) | set(limits)
+        default = self.cfg.sched.default_quota
+        out = [QuotaUse(owner=o, group=g, priority=Priority(p), used=used.get((o, g, p), 0),
+                        limit=limits.get((o, g, p), default)) for o, g, p in sorted(keys)]
+        if owner:
+            return [u for u in out if u.owner == owner]
+        return out if caller.admin else [u for u in out if u.owner == caller.user]
+
+
+def _in_flight(runs: list[RunRecord], config: SchedConfig) -> Effects:
+    """What a new leader re-sends: starts of ranks still ``created``, interrupts in the handshake,
+    stops of runs told to stop."""
+    e = Effects()
+    for rec in runs:
+        t = rec.task
+        if not t.running:
+            continue
+        created = [r.rank for r in t.ranks if r.state == RankState.CREATED]
+        if created and rec.stop_sent_at is None:
+            e.starts.append((rec, created))
+        if rec.stop_sent_at is not None:
+            e.stops.append((rec, lifecycle.grace_final(rec, config)))
+        elif t.suspend_code in (SuspendCode.SENT, SuspendCode.RECEIVED):
+            e.suspends.append(rec)
+    return e
+
