@@ -6,12 +6,14 @@
 
 Replicas: reads go to any replica that answers; a write that reaches a follower comes back as
 :class:`~fireflyer.mgmt.lease.NotPrimary` naming the leader, and the client retries there (and
-keeps calling the leader first).  A replica that does not answer (UNAVAILABLE) is skipped.  Replies
+keeps calling the leader first); while no replica leads (a takeover) it asks again for up to
+``leader_wait_s``.  A replica that does not answer (UNAVAILABLE) is skipped.  Replies
 are the ``ff.scheduler.v1`` messages (the CLI prints them as they are).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -34,13 +36,14 @@ class SchedClient:
     ``FF_TOKEN``, else that cluster's ``role`` token.  With none, NoClusterFound says what to set."""
 
     def __init__(self, addresses: str | Sequence[str] | None = None, *, token: str | None = None,
-                 state_dir: str | os.PathLike[str] | None = None, role: str = "user", timeout_s: float = 30.0) -> None:
+                 state_dir: str | os.PathLike[str] | None = None, role: str = "user", timeout_s: float = 30.0, leader_wait_s: float = 15.0) -> None:
         from fireflyer.cluster.discovery import find_cluster
 
         cluster = find_cluster(state_dir, sched=addresses, token=token, need=("sched",), role=role)
         self.addresses: list[str] = list(cluster.sched)
         self.token = cluster.token or ""
         self.timeout_s = timeout_s
+        self.leader_wait_s = leader_wait_s
         self._channels: dict[str, Any] = {}
 
     async def __aenter__(self) -> SchedClient:
@@ -63,6 +66,17 @@ class SchedClient:
         return _STUBS[kind](ch)
 
     async def _call(self, kind: str, method: str, request: Any, *, timeout_s: float | None = None) -> Any:
+        # while no replica holds a live lease (a takeover: at most a lease's length), ask again
+        deadline = asyncio.get_running_loop().time() + self.leader_wait_s
+        while True:
+            try:
+                return await self._call_once(kind, method, request, timeout_s)
+            except NotPrimary as e:
+                if e.fields.get("primary_address") or asyncio.get_running_loop().time() >= deadline:
+                    raise
+            await asyncio.sleep(0.2)
+
+    async def _call_once(self, kind: str, method: str, request: Any, timeout_s: float | None) -> Any:
         tried: list[str] = []
         queue = list(self.addresses)
         last: FireFlyerError | None = None

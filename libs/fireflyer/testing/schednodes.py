@@ -79,7 +79,7 @@ class FakeNodeAgents:
             if not follow or key not in self.running:
                 return
             async with self._changed:
-                await self._changed.wait_for(lambda: len(self._logs[key]) > sent or key not in self.running)
+                await self._changed.wait_for(lambda n=sent: len(self._logs[key]) > n or key not in self.running)
 
     # -- the test plays the runtime and the processes ------------------------------------------------
     async def write(self, task_id: int, rank: int, text: str) -> None:

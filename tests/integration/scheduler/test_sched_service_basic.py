@@ -4,8 +4,6 @@ gets no tasks."""
 
 from __future__ import annotations
 
-import asyncio
-
 from sched_harness import spec
 
 
@@ -87,4 +85,3 @@ async def _collect(chunks) -> bytes:  # type: ignore[no-untyped-def]
     return out
 
 
-_ = asyncio
