@@ -121,6 +121,9 @@ class SchedHarness:
         return [r.address for r in self.replicas if r is not None]
 
     def close(self) -> None:
+        if not self.thread.is_alive():
+            return
+
         async def go() -> None:
             for c in self._clients:
                 await c.close()
