@@ -79,10 +79,13 @@ def core_config(settings: SchedulerSettings, instance: str) -> CoreConfig:
         if not getattr(s, key) > 0:
             raise SettingsError(f"scheduler.{key} must be positive, got {getattr(s, key)}", key=f"scheduler.{key}",
                                 expected="float > 0")
-    for key in ("min_runtime_s", "grace_ack_s", "grace_final_s"):
-        if not 0 <= getattr(s, key) <= s.grace_max_s and key != "min_runtime_s" or getattr(s, key) < 0:
-            raise SettingsError(f"scheduler.{key} must be between 0 and grace_max_s, got {getattr(s, key)}",
-                                key=f"scheduler.{key}", expected="float >= 0")
+    for key in ("grace_ack_s", "grace_final_s"):
+        if not 0 <= getattr(s, key) <= s.grace_max_s:
+            raise SettingsError(f"scheduler.{key} must be between 0 and grace_max_s ({s.grace_max_s:g}), got "
+                                f"{getattr(s, key)}", key=f"scheduler.{key}", expected="float in [0, grace_max_s]")
+    if s.min_runtime_s < 0:
+        raise SettingsError(f"scheduler.min_runtime_s must be >= 0, got {s.min_runtime_s}",
+                            key="scheduler.min_runtime_s", expected="float >= 0")
     try:
         fallback = Priority[s.auto_fallback.upper()]
     except KeyError:

@@ -308,8 +308,10 @@ class SchedCore:
                 store.save_run(t, rec)
                 effects.stops.append((rec, grace))
             by_id[rec.id] = rec
-        d = decide([r.task for r in by_id.values() if not r.held], [n.view() for n in nodes.values()], quotas,
-                   now, cfg)
+        backing_off = {r.id for r in by_id.values() if r.not_before is not None and r.not_before > now
+                       and r.task.waiting}
+        d = decide([r.task for r in by_id.values() if not r.held and r.id not in backing_off],
+                   [n.view() for n in nodes.values()], quotas, now, cfg)
         for s in d.starts:
             rec = lifecycle.start(by_id[s.task], s, now)
             by_id[rec.id] = rec
@@ -327,10 +329,16 @@ class SchedCore:
             store.save_run(t, rec)
             effects.suspends.append(rec)
             self.log.info("scheduler.preempt", task=p.task, for_task=p.for_task, reason=p.reason)
-        for run_id, reason in d.waiting.items():
+        waiting = {run_id: (reason.message, reason.code) for run_id, reason in d.waiting.items()}
+        for run_id in backing_off:
             rec = by_id[run_id]
-            if (rec.reason, rec.reason_code) != (reason.message, reason.code):
-                store.save_run(t, msgspec.structs.replace(rec, reason=reason.message, reason_code=reason.code))
+            assert rec.not_before is not None
+            waiting[run_id] = (f"its last {rec.unschedulable} run(s) could not start; next try in "
+                               f"{rec.not_before - now:.0f} s", "backoff")
+        for run_id, (message, code) in waiting.items():
+            rec = by_id[run_id]
+            if rec.reason_code != code or (rec.reason != message and code != "backoff"):
+                store.save_run(t, msgspec.structs.replace(rec, reason=message, reason_code=code))
         return effects
 
     # -- node actions ------------------------------------------------------------------------------------

@@ -71,8 +71,9 @@ class SchedClient:
         while True:
             try:
                 return await self._call_once(kind, method, request, timeout_s)
-            except NotPrimary as e:
-                if e.fields.get("primary_address") or asyncio.get_running_loop().time() >= deadline:
+            except NotPrimary:
+                # (the leader it names was tried too: it is dead or deposed, and the lease runs out)
+                if asyncio.get_running_loop().time() >= deadline:
                     raise
             await asyncio.sleep(0.2)
 

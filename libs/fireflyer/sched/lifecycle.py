@@ -13,7 +13,8 @@ ask for after the commit.  The order of a preemption (HAI's interrupt protocol, 
    past the acknowledgement; the agents get ``grace_final_s`` between SIGTERM and SIGKILL;
 5. once every rank has ended, :func:`finish` ends the run and, per
    :func:`~fireflyer.sched.model.should_requeue`, makes the chain's next run: same chain, same place
-   in the FIFO, ``restart_count`` + 1, ``whole_life_state`` carried, chain status ``suspended``.
+   in the FIFO, ``restart_count`` + 1, ``whole_life_state`` carried, chain status ``suspended``; a
+   run that could not start (UNSCHEDULABLE) makes its next one wait 1, 2, 4 ... 60 s first.
 """
 
 from __future__ import annotations
@@ -38,8 +39,13 @@ from fireflyer.sched.model import (
 from fireflyer.sched.policy import Start
 from fireflyer.sched.records import RunRecord
 
-__all__ = ["TERMINAL", "start", "interrupt", "request_stop", "report", "stop_due", "all_ended", "finish",
-           "grace_ack", "grace_final", "stop_reasons"]
+__all__ = ["TERMINAL", "UNSCHEDULABLE_BACKOFF_S", "UNSCHEDULABLE_BACKOFF_MAX_S", "with_priority", "start",
+           "interrupt", "request_stop", "report", "stop_due", "all_ended", "finish", "grace_ack", "grace_final",
+           "stop_reasons"]
+
+#: a chain whose run could not start waits this long before the next try, doubling up to the maximum
+UNSCHEDULABLE_BACKOFF_S = 1.0
+UNSCHEDULABLE_BACKOFF_MAX_S = 60.0
 
 TERMINAL = frozenset({RankState.SUCCEEDED, RankState.FAILED, RankState.STOPPED})
 _USER_FAILURE = StopCode.FAILED | StopCode.INIT_FAILED | StopCode.TIMEOUT
@@ -146,11 +152,15 @@ def finish(rec: RunRecord, now: float, next_id: int) -> tuple[RunRecord, RunReco
     if not should_requeue(code, t.spec, rec.failures):
         return done, None
     spec = t.spec
+    unschedulable = rec.unschedulable + 1 if code & StopCode.UNSCHEDULABLE else 0
+    backoff = min(UNSCHEDULABLE_BACKOFF_S * 2 ** (unschedulable - 1), UNSCHEDULABLE_BACKOFF_MAX_S) \
+        if unschedulable else 0.0
     nxt = Task(id=next_id, chain_id=t.chain_id, spec=spec, submitted_at=t.submitted_at,
                restart_count=t.restart_count + 1, whole_life_state=t.whole_life_state,
                chain_status=SUSPENDED, queue_status=QUEUED)
     why = ", ".join(stop_reasons(code)).lower() or "requeued"
-    return done, RunRecord(task=nxt, held=rec.hold_next, failures=failures,
+    return done, RunRecord(task=nxt, held=rec.hold_next, failures=failures, unschedulable=unschedulable,
+                           not_before=now + backoff if backoff else None,
                            reason=f"requeued after run {t.id} ({why})" + ("; held until resumed" if rec.hold_next else ""),
                            reason_code="held" if rec.hold_next else "requeued")
 

@@ -26,7 +26,10 @@ class RunRecord(msgspec.Struct, kw_only=True):
     - ``suspend_sent_at`` / ``ack_at``: when the interrupt went out and when the runtime acknowledged;
     - ``stop_sent_at``: when the agents were told to stop the run (None: not yet);
     - ``failures``: runs of the chain before this one that ended in a user-code failure
-      (``should_requeue``'s count against ``max_restarts``).
+      (``should_requeue``'s count against ``max_restarts``);
+    - ``unschedulable`` / ``not_before``: a chain whose runs keep failing to start (a node agent
+      that refuses or cannot be reached) waits 1, 2, 4 ... up to 60 s before it is tried again,
+      rather than being restarted in a tight loop.
     """
 
     task: Task
@@ -39,6 +42,9 @@ class RunRecord(msgspec.Struct, kw_only=True):
     ack_at: float | None = None
     stop_sent_at: float | None = None
     failures: int = 0
+    #: runs of the chain in a row that could not start (unschedulable), and when the next may try
+    unschedulable: int = 0
+    not_before: float | None = None
 
     @property
     def id(self) -> int:
