@@ -47,6 +47,8 @@ class SchedulerSection(msgspec.Struct, frozen=True, kw_only=True):
     tick_s: float = 1.0
     #: how often node agents should call Register (their heartbeat)
     heartbeat_interval_s: float = 1.0
+    #: an agent silent this long loses its node: its runs are requeued elsewhere (0: never)
+    node_timeout_s: float = 30.0
     # the admin's defaults for the decision and the interrupt handshake (SchedConfig's)
     min_runtime_s: float = 900.0
     grace_ack_s: float = 5.0
@@ -95,8 +97,12 @@ def core_config(settings: SchedulerSettings, instance: str) -> CoreConfig:
                         preempt_equal_priority=s.preempt_equal_priority,
                         default_quota=None if s.default_quota < 0 else s.default_quota, auto_fallback=fallback,
                         grace_ack_s=s.grace_ack_s, grace_final_s=s.grace_final_s, grace_max_s=s.grace_max_s)
+    if s.node_timeout_s < 0 or 0 < s.node_timeout_s <= s.heartbeat_interval_s:
+        raise SettingsError(f"scheduler.node_timeout_s must be 0 (never) or longer than heartbeat_interval_s "
+                            f"({s.heartbeat_interval_s:g}), got {s.node_timeout_s}", key="scheduler.node_timeout_s",
+                            expected="0 or float > heartbeat_interval_s")
     return CoreConfig(node_id=s.node_id or instance, lease=lease, sched=sched, tick_s=s.tick_s,
-                      heartbeat_interval_s=s.heartbeat_interval_s)
+                      heartbeat_interval_s=s.heartbeat_interval_s, node_timeout_s=s.node_timeout_s)
 
 
 class SchedulerService(Service):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar
 
 import msgspec
@@ -76,6 +76,9 @@ class CoreConfig(msgspec.Struct, frozen=True, kw_only=True):
     sched: SchedConfig
     tick_s: float = 1.0
     heartbeat_interval_s: float = 1.0
+    #: a node whose agent has not registered (heartbeated) for this long is lost: its runs stop
+    #: with NODE_LOST and are requeued elsewhere, and it gets no work until it is back (0: never)
+    node_timeout_s: float = 30.0
 
 
 class Caller(msgspec.Struct, frozen=True):
@@ -124,6 +127,7 @@ class SchedCore:
         self.lease: LeaseRecord | None = None
         self.seen: LeaseRecord | None = None
         self._leading = False
+        self._lead_since = 0.0
         self._loop_task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._stopping = False
@@ -200,6 +204,8 @@ class SchedCore:
         if self._stopping:
             return
         self._leading = True
+        # heartbeats sent to the old leader while it died were lost: count silence from now on
+        self._lead_since = self.clock.time()
         # what a dead leader may have left half done: re-send it (agents take repeats as no-ops)
         effects = await self.kv.arun(lambda t: _in_flight(store.active_runs(t, snapshot=True), self.cfg.sched))
         self.log.info("scheduler.leader", node=self.node_id, term=d.term, address=self.address,
@@ -294,6 +300,14 @@ class SchedCore:
         self._perform(effects)
         return effects
 
+    def lost_nodes(self, nodes: Iterable[NodeRecord], now: float) -> dict[str, float]:
+        """Nodes silent for longer than ``node_timeout_s`` (name -> seconds silent), as this leader sees it."""
+        limit = self.cfg.node_timeout_s
+        if limit <= 0:
+            return {}
+        return {n.name: now - n.last_seen_at for n in nodes
+                if now - max(n.last_seen_at, self._lead_since) > limit}
+
     def _cycle(self, t: Txn, now: float) -> Effects:
         runs = store.active_runs(t)
         nodes = {n.name: n for n in store.load_nodes(t)}
@@ -301,7 +315,18 @@ class SchedCore:
         cfg = self.cfg.sched
         effects = Effects()
         by_id: dict[int, RunRecord] = {}
+        lost = self.lost_nodes(nodes.values(), now)
         for rec in runs:
+            for r in rec.task.ranks if rec.task.running else ():
+                if r.node in lost and r.state not in lifecycle.TERMINAL:
+                    why = (f"node {r.node} lost: its agent has not heartbeated for {lost[r.node]:.0f} s "
+                           f"(node_timeout_s {self.cfg.node_timeout_s:g})")
+                    self.log.warning("scheduler.node_lost", node=r.node, task=rec.id, silent_s=round(lost[r.node], 1))
+                    rec = lifecycle.request_stop(rec, StopCode.NODE_LOST, now, why)
+                    rec = self._apply_report(t, now, rec, r.rank, RankState.FAILED, -1, None, None)
+                    nodes[r.node] = store.load_node(t, r.node) or nodes[r.node]
+            if not rec.task.running and not rec.task.waiting:
+                continue  # (it ended just now; its next run, if any, is decided next cycle)
             grace = lifecycle.stop_due(rec, now, cfg)
             if grace is not None:
                 rec = msgspec.structs.replace(rec, stop_sent_at=now)
@@ -310,8 +335,10 @@ class SchedCore:
             by_id[rec.id] = rec
         backing_off = {r.id for r in by_id.values() if r.not_before is not None and r.not_before > now
                        and r.task.waiting}
-        d = decide([r.task for r in by_id.values() if not r.held and r.id not in backing_off],
-                   [n.view() for n in nodes.values()], quotas, now, cfg)
+        views = [n.view() if n.name not in lost else msgspec.structs.replace(
+            n.view(), state=DRAINED, reason=f"agent silent for {lost[n.name]:.0f} s") for n in nodes.values()]
+        d = decide([r.task for r in by_id.values() if not r.held and r.id not in backing_off], views, quotas, now,
+                   cfg)
         for s in d.starts:
             rec = lifecycle.start(by_id[s.task], s, now)
             by_id[rec.id] = rec
@@ -547,8 +574,14 @@ class SchedCore:
         return await self.mutate(fn, wake=False)
 
     async def report(self, run_id: int, rank: int, node: str, state: RankState | None, exit_code: int | None,
-                     suspend_code: SuspendCode | None, whole_life_state: int | None) -> None:
+                     suspend_code: SuspendCode | None, whole_life_state: int | None, sender: str = "") -> None:
+        """A node agent's report about a rank on its node; only the agent that registered the node
+        (its service user) may report about it."""
         def fn(t: Txn, now: float) -> None:
+            n = store.load_node(t, node)
+            if n is not None and sender and n.registered_by and n.registered_by != sender:
+                raise PermissionDenied(f"node {node} is registered by {n.registered_by}; {sender} may not report "
+                                       "about its tasks", node=node)
             rec = store.load_run(t, run_id)
             if rec is None:
                 raise NotFound(f"no run {run_id}", task=run_id)
@@ -560,7 +593,10 @@ class SchedCore:
         await self.mutate(fn)
 
     def _apply_report(self, t: Txn, now: float, rec: RunRecord, rank: int, state: RankState | None,
-                      exit_code: int | None, suspend_code: SuspendCode | None, whole_life_state: int | None) -> None:
+                      exit_code: int | None, suspend_code: SuspendCode | None, whole_life_state: int | None
+                      ) -> RunRecord:
+        """Record one rank's report (and free its node when it ended); end the run when every rank
+        has, making the chain's next run.  Returns the run as saved."""
         rec = lifecycle.report(rec, rank, state, exit_code, suspend_code, whole_life_state, now)
         if state in lifecycle.TERMINAL:
             name = rec.task.ranks[rank].node
@@ -576,8 +612,9 @@ class SchedCore:
             store.save_run(t, done)
             self.log.info("scheduler.run_ended", task=rec.id, chain=rec.task.chain_id,
                           stop_code=int(done.task.stop_code), requeued_as=nxt.id if nxt else None)
-        else:
-            store.save_run(t, rec)
+            return done
+        store.save_run(t, rec)
+        return rec
 
     # -- nodes ----------------------------------------------------------------------------------------------
     async def nodes(self) -> list[NodeRecord]:

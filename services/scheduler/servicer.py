@@ -88,7 +88,14 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
         self.core = core
 
     async def List(self, request: pb.NodeListRequest, context: Any) -> pb.NodeListReply:
-        return pb.NodeListReply(nodes=[convert.node_to_pb(n) for n in await self.core.nodes()])
+        nodes = await self.core.nodes()
+        lost = self.core.lost_nodes(nodes, self.core.clock.time())
+        out = []
+        for n in nodes:
+            m = convert.node_to_pb(n)
+            m.lost = n.name in lost
+            out.append(m)
+        return pb.NodeListReply(nodes=out)
 
     @requires("admin")
     async def SetState(self, request: pb.SetNodeStateRequest, context: Any) -> pb.NodeReply:
@@ -113,7 +120,8 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
         await self.core.report(_id(request.task_id), int(request.rank), request.node, state,
                                int(request.exit_code) if state is not None else None,
                                SuspendCode(request.suspend_code) if request.suspend_code else None,
-                               int(request.whole_life_state) if request.whole_life_state >= 0 else None)
+                               int(request.whole_life_state) if request.whole_life_state >= 0 else None,
+                               sender=current_principal().user)
         return pb.ReportReply()
 
 

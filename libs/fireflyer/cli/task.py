@@ -210,7 +210,7 @@ async def _nodes(ns: argparse.Namespace, c: Any, out: Any) -> int:
         table.add_column(col, overflow="fold")
     now = time.time()
     for n in nodes:
-        table.add_row(n.name, n.group, n.zone or "-", n.state, str(n.task) if n.task else "-", str(n.gpus),
+        table.add_row(n.name, n.group, n.zone or "-", n.state + (" (lost)" if n.lost else ""), str(n.task) if n.task else "-", str(n.gpus),
                       n.address or "-", f"{now - n.last_seen_at:.0f}s ago" if n.last_seen_at else "-", n.reason)
     out.print(table)
     return 0

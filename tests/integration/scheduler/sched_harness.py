@@ -10,13 +10,15 @@ raw gRPC with ``asyncio.run``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 from fireflyer.api.scheduler.v1 import scheduler_pb2 as pb
 from fireflyer.core.config import AuthSettings, NatsSettings, RpcSettings, TelemetrySettings
+from fireflyer.core.errors import FireFlyerError
 from fireflyer.core.runtime import ServiceContext, serve
 from fireflyer.rpc import TokenEntry, generate_token, write_tokens_file
 from fireflyer.sched.client import SchedClient
@@ -30,7 +32,7 @@ T = TypeVar("T")
 TIMING = dict(lease_s=1.5, renew_s=0.2, step_down_margin_s=0.3, tick_s=0.1, min_runtime_s=0.0,
               grace_ack_s=1.0, grace_final_s=1.0)
 
-USERS = {"alice": ["user"], "bob": ["user"], "root": ["admin"], "svc-node": ["service"]}
+USERS = {"alice": ["user"], "bob": ["user"], "root": ["admin"], "svc-node": ["service"], "svc-other": ["service"]}
 
 
 class Tokens:
@@ -159,6 +161,23 @@ class SchedHarness:
         req = pb.RegisterNodeRequest(name=name, group=group, zone=zone, address=address or f"127.0.0.9:{len(name)}",
                                      gpus=8, cpus=64)
         return self.run(self.client("svc-node").register_node(req)).node
+
+    def heartbeat(self, *names: str, interval_s: float = 0.2) -> Callable[[], None]:
+        """Register ``names`` every ``interval_s`` (their agents' heartbeats) until the returned stop()."""
+        c = self.client("svc-node")
+        known = {n.name: n for n in self.run(c.nodes())}
+
+        async def beat() -> None:
+            while True:
+                for name in names:
+                    n = known[name]
+                    with contextlib.suppress(FireFlyerError):
+                        await c.register_node(pb.RegisterNodeRequest(name=name, group=n.group, zone=n.zone,
+                                                                     address=n.address))
+                await asyncio.sleep(interval_s)
+
+        task = asyncio.run_coroutine_threadsafe(beat(), self.loop)
+        return lambda: task.cancel() and None
 
     def chain(self, task_id: int, user: str = "root") -> pb.Chain:
         return self.run(self.client(user).get(task_id))

@@ -67,6 +67,10 @@ def test_owners_over_raw_grpc(sched, tokens) -> None:  # type: ignore[no-untyped
     ])
     assert [c for c, _ in refused] == ["PERMISSION_DENIED"] * len(refused), refused
     assert all("alice" in d for _, d in refused[:6]), refused
+    # another service's agent may not report about a node svc-node registered
+    [(code, details)] = _raw(addr, tokens["svc-other"], [("node", "Report", pb.ReportRequest(
+        task_id=tid, rank=0, node=h.chain(tid).runs[-1].ranks[0].node, state="failed", exit_code=1))])
+    assert code == "PERMISSION_DENIED" and "svc-node" in details
     # bob's own list does not show alice's task
     [(code, listed)] = _raw(addr, tokens["bob"], [("task", "List", pb.ListRequest())])
     assert code == "OK" and "a.sh" not in listed

@@ -92,3 +92,29 @@ def test_stop_ends_a_running_chain_without_requeue(sched) -> None:  # type: igno
     end = h.wait_chain(tid, lambda c: c.runs[-1].chain_status == "finished", "stopped")
     assert len(end.runs) == 1 and end.runs[0].slurm_state == "CANCELLED"
     assert "MANUAL_STOP" in end.runs[0].stop_reasons and ("stop", "n1", end.runs[0].id, 1.0) in h.agents.calls
+
+
+def test_lost_node_fails_its_runs_with_node_lost_and_they_are_requeued_elsewhere(sched) -> None:  # type: ignore[no-untyped-def]
+    h = sched(node_timeout_s=1.0, heartbeat_interval_s=0.2)
+    for n in ("n1", "n2", "n3"):
+        h.register(n)
+    stop_beats = h.heartbeat("n2", "n3")
+    try:
+        stop_n1 = h.heartbeat("n1")
+        alice = h.client("alice")
+        tid = h.run(alice.submit(spec(nodes=2))).chain_id
+        first = _running(h, tid)
+        assert sorted(first.nodes) == ["n1", "n2"]
+        stop_n1()  # n1's agent dies: silent past node_timeout_s
+        got = h.wait_chain(tid, lambda c: len(c.runs) == 2 and c.runs[-1].chain_status == "running",
+                           "requeued and running on the other nodes")
+        assert "NODE_LOST" in got.runs[0].stop_reasons and got.runs[0].slurm_state == "FAILED"
+        assert "n1 lost" in got.runs[0].reason
+        assert sorted(got.runs[1].nodes) == ["n2", "n3"] and got.runs[1].restart_count == 1
+        nodes = {n.name: n for n in h.run(alice.nodes())}
+        assert nodes["n1"].lost and not nodes["n2"].lost and nodes["n1"].task == 0
+        # its heartbeat brings it back
+        h.register("n1")
+        assert not {n.name: n for n in h.run(alice.nodes())}["n1"].lost
+    finally:
+        stop_beats()

@@ -75,6 +75,7 @@ async def _lease_holder(tmp_path) -> str:  # type: ignore[no-untyped-def]
     (dict(grace_ack_s=-1.0), "scheduler.grace_ack_s"),
     (dict(grace_final_s=7200.0), "scheduler.grace_final_s"),
     (dict(auto_fallback="SOON"), "scheduler.auto_fallback"),
+    (dict(node_timeout_s=0.5), "scheduler.node_timeout_s"),
 ])
 def test_bad_settings_name_the_key(section, key) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SettingsError) as e:

@@ -179,7 +179,7 @@ class LogChunk(_message.Message):
     def __init__(self, run_id: _Optional[int] = ..., rank: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "group", "zone", "address", "gpus", "cpus", "state", "reason", "task", "last_seen_at")
+    __slots__ = ("name", "group", "zone", "address", "gpus", "cpus", "state", "reason", "task", "last_seen_at", "lost")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +190,7 @@ class Node(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_AT_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
     name: str
     group: str
     zone: str
@@ -200,7 +201,8 @@ class Node(_message.Message):
     reason: str
     task: int
     last_seen_at: float
-    def __init__(self, name: _Optional[str] = ..., group: _Optional[str] = ..., zone: _Optional[str] = ..., address: _Optional[str] = ..., gpus: _Optional[int] = ..., cpus: _Optional[int] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., task: _Optional[int] = ..., last_seen_at: _Optional[float] = ...) -> None: ...
+    lost: bool
+    def __init__(self, name: _Optional[str] = ..., group: _Optional[str] = ..., zone: _Optional[str] = ..., address: _Optional[str] = ..., gpus: _Optional[int] = ..., cpus: _Optional[int] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., task: _Optional[int] = ..., last_seen_at: _Optional[float] = ..., lost: _Optional[bool] = ...) -> None: ...
 
 class NodeListRequest(_message.Message):
     __slots__ = ()
