@@ -441,6 +441,9 @@ class SchedCore:
 
         def fn(t: Txn, now: float) -> list[RunRecord]:
             nodes = store.load_nodes(t)
+            if not nodes:
+                raise InvalidArgument("no node has registered with the scheduler yet, so no task can run: start "
+                                      "the node agents (services/node) and see `ff nodes`", field="group")
             groups: dict[str, int] = defaultdict(int)
             for n in nodes:
                 groups[n.group] += 1

@@ -131,6 +131,15 @@ def test_nodes_and_quota(cli) -> None:  # type: ignore[no-untyped-def]
     assert "removed" in ff("quota", "--remove", "alice", "default", "HIGH", token="root")
 
 
+def test_a_cluster_without_nodes_says_so(sched, tokens, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    h = sched()
+    monkeypatch.setenv("FF_SCHED_ADDR", ",".join(h.addresses()))
+    monkeypatch.setenv("FF_TOKEN", tokens["alice"])
+    assert main(["nodes"]) == 0 and "no nodes have registered" in capsys.readouterr().out
+    assert main(["task", "submit", "--", "x"]) == 1
+    assert "no node has registered" in capsys.readouterr().err
+
+
 def test_without_a_scheduler_says_what_to_set(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.delenv("FF_SCHED_ADDR", raising=False)
     assert main(["task", "--state-dir", str(tmp_path), "ls"]) == 1
