@@ -49,6 +49,8 @@ class SchedulerSection(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_interval_s: float = 1.0
     #: an agent silent this long loses its node: its runs are requeued elsewhere (0: never)
     node_timeout_s: float = 30.0
+    #: a start or stop that got no answer for this long is sent again
+    resend_s: float = 10.0
     # the admin's defaults for the decision and the interrupt handshake (SchedConfig's)
     min_runtime_s: float = 900.0
     grace_ack_s: float = 5.0
@@ -77,7 +79,7 @@ def core_config(settings: SchedulerSettings, instance: str) -> CoreConfig:
                             takeover_grace_s=s.takeover_grace_s)
     except FireFlyerError as e:
         raise SettingsError(f"scheduler settings: {e}", key=f"scheduler.{e.fields.get('key') or 'lease_s'}") from e
-    for key in ("tick_s", "heartbeat_interval_s", "grace_max_s"):
+    for key in ("tick_s", "heartbeat_interval_s", "grace_max_s", "resend_s"):
         if not getattr(s, key) > 0:
             raise SettingsError(f"scheduler.{key} must be positive, got {getattr(s, key)}", key=f"scheduler.{key}",
                                 expected="float > 0")
@@ -102,7 +104,8 @@ def core_config(settings: SchedulerSettings, instance: str) -> CoreConfig:
                             f"({s.heartbeat_interval_s:g}), got {s.node_timeout_s}", key="scheduler.node_timeout_s",
                             expected="0 or float > heartbeat_interval_s")
     return CoreConfig(node_id=s.node_id or instance, lease=lease, sched=sched, tick_s=s.tick_s,
-                      heartbeat_interval_s=s.heartbeat_interval_s, node_timeout_s=s.node_timeout_s)
+                      heartbeat_interval_s=s.heartbeat_interval_s, node_timeout_s=s.node_timeout_s,
+                      resend_s=s.resend_s)
 
 
 class SchedulerService(Service):

@@ -79,6 +79,8 @@ class CoreConfig(msgspec.Struct, frozen=True, kw_only=True):
     #: a node whose agent has not registered (heartbeated) for this long is lost: its runs stop
     #: with NODE_LOST and are requeued elsewhere, and it gets no work until it is back (0: never)
     node_timeout_s: float = 30.0
+    #: a start or stop without an answer for this long is sent again
+    resend_s: float = 10.0
 
 
 class Caller(msgspec.Struct, frozen=True):
@@ -132,6 +134,8 @@ class SchedCore:
         self._wake = asyncio.Event()
         self._stopping = False
         self._lease_patience = Patience(log, "scheduler.lease_failed", clock=clock.monotonic)
+        #: when this leader last re-sent a run's start or stop (:meth:`_resend_stale`)
+        self._resent: dict[int, float] = {}
         #: node actions in flight (so that shutdown and tests can wait for them)
         self._actions: set[asyncio.Task[None]] = set()
 
@@ -256,8 +260,12 @@ class SchedCore:
             t.cancel()
 
     # -- writes ---------------------------------------------------------------------------------
-    async def mutate(self, fn: Callable[[Txn, float], R], *, wake: bool = True) -> R:
-        """Run ``fn(txn, now)`` in one transaction as the leader only (the lease re-read inside)."""
+    async def mutate(self, fn: Callable[[Txn, float], R], *, wake: bool = True, idempotency_key: bytes | None = None,
+                     result_type: Any = None) -> R:
+        """Run ``fn(txn, now)`` in one transaction as the leader only (the lease re-read inside).
+
+        With ``idempotency_key`` a retry of the same request (a client that lost the reply) gets the
+        recorded result instead of a second change."""
         if not self.is_leader():
             raise self.not_leader()
         me, margin, clock = self.node_id, self.cfg.lease.step_down_margin_s, self.clock
@@ -269,7 +277,10 @@ class SchedCore:
                 raise self.not_leader()
             return fn(t, now)
 
-        out = await self.kv.arun(txn)
+        if idempotency_key is not None:
+            out = await self.kv.arun(txn, idempotency_key=idempotency_key, result_type=result_type)
+        else:
+            out = await self.kv.arun(txn)
         if wake:
             self._wake.set()
         return out
@@ -333,6 +344,7 @@ class SchedCore:
                 store.save_run(t, rec)
                 effects.stops.append((rec, grace))
             by_id[rec.id] = rec
+        self._resend_stale(by_id.values(), now, effects)
         backing_off = {r.id for r in by_id.values() if r.not_before is not None and r.not_before > now
                        and r.task.waiting}
         views = [n.view() if n.name not in lost else msgspec.structs.replace(
@@ -367,6 +379,31 @@ class SchedCore:
             if rec.reason_code != code or (rec.reason != message and code != "backoff"):
                 store.save_run(t, msgspec.structs.replace(rec, reason=message, reason_code=code))
         return effects
+
+    def _resend_stale(self, runs: Iterable[RunRecord], now: float, effects: Effects) -> None:
+        """Starts and stops that got no answer for ``resend_s`` go out again (a lost message, a commit
+        whose outcome was unknown); agents take repeats as no-ops."""
+        every = self.cfg.resend_s
+        seen = set()
+        for rec in runs:
+            t = rec.task
+            if not t.running:
+                continue
+            seen.add(rec.id)
+            last = max(self._resent.get(rec.id, 0.0), t.started_at or now, rec.stop_sent_at or 0.0)
+            if now - last < every:
+                continue
+            if rec.stop_sent_at is not None:
+                effects.stops.append((rec, lifecycle.grace_final(rec, self.cfg.sched)))
+            else:
+                created = [r.rank for r in t.ranks if r.state == RankState.CREATED]
+                if not created:
+                    continue
+                effects.starts.append((rec, created))
+            self._resent[rec.id] = now
+            self.log.info("scheduler.resend", task=rec.id, what="stop" if rec.stop_sent_at is not None else "start")
+        for gone in set(self._resent) - seen:
+            del self._resent[gone]
 
     # -- node actions ------------------------------------------------------------------------------------
     def _perform(self, effects: Effects) -> None:
@@ -433,7 +470,7 @@ class SchedCore:
         self._apply_report(t, now, rec, rank, RankState.STOPPED, -1, None, None)
 
     # -- tasks ---------------------------------------------------------------------------------------------
-    async def create(self, spec: TaskSpec, caller: Caller) -> list[RunRecord]:
+    async def create(self, spec: TaskSpec, caller: Caller, request_id: str = "") -> list[RunRecord]:
         if not caller.admin and spec.user != caller.user:
             raise PermissionDenied(f"{caller.user} may not submit tasks as {spec.user}", user=spec.user)
         if not caller.admin and spec.shared_group:
@@ -455,7 +492,8 @@ class SchedCore:
             store.save_run(t, rec)
             return [rec]
 
-        runs = await self.mutate(fn)
+        key = f"sched-create/{caller.user}/{request_id}".encode() if request_id else None
+        runs = await self.mutate(fn, idempotency_key=key, result_type=list[RunRecord])
         self.log.info("scheduler.submitted", task=runs[0].id, user=spec.user, nodes=spec.nodes,
                       priority=spec.priority.name, group=spec.group)
         return runs

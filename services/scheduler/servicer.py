@@ -50,7 +50,7 @@ class TaskServicer(pb_grpc.TaskServiceServicer):
         who = caller()
         spec = convert.spec_from_pb(request.spec, user=request.spec.user if who.admin and request.spec.user
                                     else who.user)
-        return _chain(await self.core.create(spec, who))
+        return _chain(await self.core.create(spec, who, request.request_id))
 
     async def Get(self, request: pb.GetRequest, context: Any) -> pb.TaskReply:
         return _chain(await self.core.chain(_id(request.id), caller()))

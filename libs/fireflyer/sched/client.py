@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -108,8 +109,11 @@ class SchedClient:
         self.addresses.insert(0, leader)
 
     # -- tasks --------------------------------------------------------------------------------------------
-    async def submit(self, spec: pb.TaskSpec) -> pb.Chain:
-        return (await self._call("task", "Create", pb.CreateRequest(spec=spec))).chain
+    async def submit(self, spec: pb.TaskSpec, *, request_id: str | None = None) -> pb.Chain:
+        """Submit ``spec``; every retry of this call carries one request id, so a reply lost on the way
+        (a leader that died after its commit) does not make the task twice."""
+        req = pb.CreateRequest(spec=spec, request_id=request_id or uuid.uuid4().hex)
+        return (await self._call("task", "Create", req)).chain
 
     async def get(self, task_id: int) -> pb.Chain:
         return (await self._call("task", "Get", pb.GetRequest(id=task_id))).chain

@@ -85,3 +85,26 @@ async def _collect(chunks) -> bytes:  # type: ignore[no-untyped-def]
     return out
 
 
+
+
+def test_a_lost_start_is_sent_again(sched) -> None:  # type: ignore[no-untyped-def]
+    h = sched(resend_s=0.5)
+    h.register("n1")
+    h.agents.lose_next_start.add("n1")
+    tid = h.run(h.client("alice").submit(spec(nodes=1))).chain_id
+    run = h.wait_chain(tid, lambda c: c.runs[-1].ranks and c.runs[-1].ranks[0].state == "running",
+                       "the rank running after a resend").runs[-1]
+    assert [c for c in h.agents.calls if c[0] == "start" and c[2] == run.id] == [("start", "n1", run.id, 0)] * 2
+
+
+def test_a_retried_submit_makes_one_task(sched) -> None:  # type: ignore[no-untyped-def]
+    h = sched()
+    h.register("n1")
+    alice = h.client("alice")
+    a = h.run(alice.submit(spec(nodes=1), request_id="req-1"))
+    b = h.run(alice.submit(spec(nodes=1), request_id="req-1"))
+    assert a.chain_id == b.chain_id
+    assert [c.chain_id for c in h.run(alice.list(include_finished=True))] == [a.chain_id]
+    # another user's request id is another request
+    c = h.run(h.client("bob").submit(spec(nodes=1), request_id="req-1"))
+    assert c.chain_id != a.chain_id

@@ -111,10 +111,12 @@ class Chain(_message.Message):
     def __init__(self, chain_id: _Optional[int] = ..., user: _Optional[str] = ..., name: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[Run, _Mapping]]] = ...) -> None: ...
 
 class CreateRequest(_message.Message):
-    __slots__ = ("spec",)
+    __slots__ = ("spec", "request_id")
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     spec: TaskSpec
-    def __init__(self, spec: _Optional[_Union[TaskSpec, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class TaskReply(_message.Message):
     __slots__ = ("chain",)
