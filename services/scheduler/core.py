@@ -40,10 +40,8 @@ from fireflyer.core.errors import (
     PermissionDenied,
 )
 from fireflyer.core.log import EventLogger
-from fireflyer.core.patience import Patience
 from fireflyer.kv import KV, Txn
-from fireflyer.mgmt.lease import LeaseAction, LeaseConfig, LeaseDecision, NotPrimary, decide_lease, is_primary
-from fireflyer.mgmt.model import LeaseRecord
+from fireflyer.mgmt.lease import LeaseConfig, NotPrimary
 from fireflyer.sched import lifecycle
 from fireflyer.sched.agents import NodeAgents, NodeRef, RankLaunch
 from fireflyer.sched.model import (
@@ -64,6 +62,7 @@ from fireflyer.sched.policy import decide
 from fireflyer.sched.records import NodeRecord, RunRecord
 
 from . import store
+from .leader import Leadership
 
 __all__ = ["CoreConfig", "Caller", "SchedCore", "Effects", "QuotaUse"]
 
@@ -126,14 +125,11 @@ class SchedCore:
         self.clock = clock
         self.log = log
         self._address = address
-        self.lease: LeaseRecord | None = None
-        self.seen: LeaseRecord | None = None
-        self._leading = False
+        self.leadership = Leadership(cfg.node_id, cfg.lease, kv=kv, clock=clock, log=log, address=address,
+                                     on_lead=self._on_lead, on_lose=self._on_lose)
         self._lead_since = 0.0
         self._loop_task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
-        self._stopping = False
-        self._lease_patience = Patience(log, "scheduler.lease_failed", clock=clock.monotonic)
         #: when this leader last re-sent a run's start or stop (:meth:`_resend_stale`)
         self._resent: dict[int, float] = {}
         #: node actions in flight (so that shutdown and tests can wait for them)
@@ -147,115 +143,48 @@ class SchedCore:
     def address(self) -> str:
         return self._address()
 
-    # -- lease --------------------------------------------------------------------------------
+    # -- leadership ---------------------------------------------------------------------------
     def is_leader(self) -> bool:
-        return self._leading and is_primary(self.lease, self.node_id, self.clock.time(),
-                                            self.cfg.lease.step_down_margin_s)
+        return self.leadership.is_leader()
 
     def not_leader(self) -> NotPrimary:
-        s = self.seen
-        if s is not None and s.holder != self.node_id and self.clock.time() < s.expires_at:
-            return NotPrimary(f"scheduler {self.node_id} is not the leader; the leader is {s.holder} at {s.address}: "
-                              "send writes there", node=self.node_id, primary=s.holder, primary_address=s.address,
-                              term=s.term)
-        return NotPrimary(f"scheduler {self.node_id} is not the leader and no replica holds a live lease; retry "
-                          "in a few seconds, a replica takes over when the lease expires", node=self.node_id)
+        return self.leadership.not_leader()
 
     async def lease_loop(self) -> None:
-        while not self._stopping:
-            try:
-                await self.lease_pass()
-            except Exception as e:  # a KV failure while taking over: try again next pass
-                self.log.exception("scheduler.lease_pass_crashed", error=repr(e))
-                self.step_down("lease pass failed")
-            await asyncio.sleep(self.cfg.lease.renew_s)
+        await self.leadership.loop()
 
-    async def lease_pass(self) -> LeaseDecision | None:
-        if self._stopping:
-            return None
-        me, addr, now, lc = self.node_id, self.address, self.clock.time(), self.cfg.lease
-
-        def txn(t: Txn) -> LeaseDecision | None:
-            if self._stopping:
-                return None
-            d = decide_lease(store.load_lease(t), me, addr, now, lc.lease_s, takeover_grace_s=lc.takeover_grace_s)
-            if d.action is not LeaseAction.FOLLOW:
-                assert d.record is not None
-                store.save_lease(t, d.record)
-            return d
-
-        try:
-            d: LeaseDecision | None = await self.kv.arun(txn, timeout_s=max(lc.renew_s, 1.0))
-        except FireFlyerError as e:
-            d = None
-            self._lease_patience.failed(e, kind=e.kind)
-        else:
-            self._lease_patience.ok()
-        if d is not None:
-            self.seen = d.record
-            if d.action is LeaseAction.FOLLOW:
-                self.lease = None
-            else:
-                self.lease = d.record
-                if d.action is LeaseAction.TAKE_OVER or not self._leading:
-                    await self._become_leader(d)
-        if self._leading and not self.is_leader():
-            self.step_down("lease lost" if d is not None else "lease not renewed in time")
-        return d
-
-    async def _become_leader(self, d: LeaseDecision) -> None:
-        self.step_down("new term")
-        if self._stopping:
-            return
-        self._leading = True
+    async def _on_lead(self, term: int) -> None:
         # heartbeats sent to the old leader while it died were lost: count silence from now on
         self._lead_since = self.clock.time()
+        self._resent.clear()
         # what a dead leader may have left half done: re-send it (agents take repeats as no-ops)
         effects = await self.kv.arun(lambda t: _in_flight(store.active_runs(t, snapshot=True), self.cfg.sched))
-        self.log.info("scheduler.leader", node=self.node_id, term=d.term, address=self.address,
+        self.log.info("scheduler.leader", node=self.node_id, term=term, address=self.address,
                       resend_starts=len(effects.starts), resend_suspends=len(effects.suspends),
                       resend_stops=len(effects.stops))
+        if not self.is_leader():
+            return
         self._perform(effects)
         self._loop_task = asyncio.create_task(self._decision_loop(), name="scheduler-decide")
 
-    def step_down(self, reason: str) -> None:
+    def _on_lose(self, reason: str) -> None:
         task, self._loop_task = self._loop_task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
-        if self._leading:
-            self._leading = False
-            (self.log.info if reason in ("stopping", "new term") else self.log.warning)(
-                "scheduler.stepped_down", node=self.node_id, reason=reason)
+        self._lead_since = 0.0
+
+    def step_down(self, reason: str) -> None:
+        self.leadership.step_down(reason)
 
     async def release(self) -> None:
-        """On a clean stop: end my lease now so another replica takes over at its next pass."""
-        self._stopping = True
-        self.step_down("stopping")
+        """On a clean stop: hand the lease on, and stop acting."""
         for t in list(self._actions):
             t.cancel()
-        if self.lease is None:
-            return
-        me, now = self.node_id, self.clock.time()
-
-        def txn(t: Txn) -> bool:
-            rec = store.load_lease(t)
-            if rec is None or rec.holder != me:
-                return False
-            store.save_lease(t, msgspec.structs.replace(rec, renewed_at=now, expires_at=now))
-            return True
-
-        try:
-            if await self.kv.arun(txn, timeout_s=2.0):
-                self.log.info("scheduler.lease_released", node=me)
-        except FireFlyerError as e:
-            self.log.warning("scheduler.lease_release_failed", error=str(e))
-        self.lease = None
+        await self.leadership.release()
 
     def crash(self) -> None:
         """Stop acting at once without handing the lease on (a test's stand-in for SIGKILL)."""
-        self._stopping = True
-        self.lease = None  # (so that the shutdown that follows does not hand it on either)
-        self.step_down("crashed")
+        self.leadership.crash()
         for t in list(self._actions):
             t.cancel()
 
@@ -268,12 +197,11 @@ class SchedCore:
         recorded result instead of a second change."""
         if not self.is_leader():
             raise self.not_leader()
-        me, margin, clock = self.node_id, self.cfg.lease.step_down_margin_s, self.clock
+        clock = self.clock
 
         def txn(t: Txn) -> R:
             now = clock.time()
-            rec = store.load_lease(t)
-            if not is_primary(rec, me, now, margin):
+            if not self.leadership.holds(store.load_lease(t), now):
                 raise self.not_leader()
             return fn(t, now)
 
