@@ -272,7 +272,11 @@ class SchedCore:
                 store.save_run(t, rec)
                 effects.stops.append((rec, grace))
             by_id[rec.id] = rec
-        self._resend_stale(by_id.values(), now, effects)
+        for rec in self._resend_stale(t, list(by_id.values()), now, effects):
+            if rec.task.running:
+                by_id[rec.id] = rec
+            else:  # it ended (its next run, if any, is decided next cycle)
+                del by_id[rec.id]
         backing_off = {r.id for r in by_id.values() if r.not_before is not None and r.not_before > now
                        and r.task.waiting}
         views = [n.view() if n.name not in lost else msgspec.structs.replace(
@@ -308,23 +312,33 @@ class SchedCore:
                 store.save_run(t, msgspec.structs.replace(rec, reason=message, reason_code=code))
         return effects
 
-    def _resend_stale(self, runs: Iterable[RunRecord], now: float, effects: Effects) -> None:
+    def _resend_stale(self, t: Txn, runs: list[RunRecord], now: float, effects: Effects) -> list[RunRecord]:
         """Starts and stops that got no answer for ``resend_s`` go out again (a lost message, a commit
-        whose outcome was unknown); agents take repeats as no-ops."""
+        whose outcome was unknown); agents take repeats as no-ops.  A run told to stop whose ranks
+        never reported a start by then never ran there: those ranks count as stopped (so a run whose
+        start was lost does not wait forever for their exit).  Returns the runs it changed."""
         every = self.cfg.resend_s
         seen = set()
+        changed = []
         for rec in runs:
-            t = rec.task
-            if not t.running:
+            task = rec.task
+            if not task.running:
                 continue
             seen.add(rec.id)
-            last = max(self._resent.get(rec.id, 0.0), t.started_at or now, rec.stop_sent_at or 0.0)
+            last = max(self._resent.get(rec.id, 0.0), task.started_at or now, rec.stop_sent_at or 0.0)
             if now - last < every:
                 continue
             if rec.stop_sent_at is not None:
+                never_started = [r.rank for r in task.ranks if r.state == RankState.CREATED]
+                for rank in never_started:
+                    rec = self._apply_report(t, now, rec, rank, RankState.STOPPED, -1, None, None)
+                if never_started:
+                    changed.append(rec)
+                if not rec.task.running:
+                    continue
                 effects.stops.append((rec, lifecycle.grace_final(rec, self.cfg.sched)))
             else:
-                created = [r.rank for r in t.ranks if r.state == RankState.CREATED]
+                created = [r.rank for r in task.ranks if r.state == RankState.CREATED]
                 if not created:
                     continue
                 effects.starts.append((rec, created))
@@ -332,6 +346,7 @@ class SchedCore:
             self.log.info("scheduler.resend", task=rec.id, what="stop" if rec.stop_sent_at is not None else "start")
         for gone in set(self._resent) - seen:
             del self._resent[gone]
+        return changed
 
     # -- node actions ------------------------------------------------------------------------------------
     def _perform(self, effects: Effects) -> None:

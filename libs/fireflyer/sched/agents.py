@@ -61,7 +61,10 @@ class NodeAgents(Protocol):
         """Raise the suspend flag for every process of the run on ``node`` (and send ``signal``, if any)."""
 
     async def stop(self, node: NodeRef, task_id: int, grace_s: float) -> None:
-        """SIGTERM the run's processes on ``node``, SIGKILL after ``grace_s``; the exit is reported."""
+        """SIGTERM the run's processes on ``node``, SIGKILL after ``grace_s``; the exit is reported.
+
+        A rank the agent never started (its start was lost) has nothing to report: the scheduler
+        counts such ranks as stopped when the stop has gone unanswered for ``resend_s``."""
 
     def logs(self, node: NodeRef, task_id: int, rank: int, follow: bool) -> AsyncIterator[bytes]:
         """The rank's output from the start; with ``follow``, until the rank ends."""

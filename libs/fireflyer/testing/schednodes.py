@@ -5,7 +5,7 @@
 What it does per call, keyed by (run id, rank) so repeats are no-ops:
 
 - ``start``: the rank runs (``running``), its log gets a first line, ``running`` is reported;
-  a node in ``fail_start`` refuses with Unavailable instead; one in ``lose_next_start`` loses it;
+  a node in ``fail_start`` refuses with Unavailable instead; one in ``lose_starts`` / ``lose_next_start`` loses it;
 - ``suspend``: the run's flag is raised on that node (``flags``); nothing is reported (the test
   plays the runtime: :meth:`ack`, :meth:`go_suspend`);
 - ``stop``: every rank of the run on that node ends ``stopped`` with exit code -15 (SIGTERM),
@@ -38,8 +38,10 @@ class FakeNodeAgents:
         self.launches: dict[tuple[int, int], RankLaunch] = {}
         self.flags: set[tuple[int, str]] = set()  # (run, node) with the suspend flag up
         self.fail_start: set[str] = set()
-        #: nodes whose next start is lost on the way (recorded, no error, nothing runs)
+        #: nodes whose next start (``lose_next_start``), or every start (``lose_starts``), is lost on
+        #: the way: recorded, no error, nothing runs
         self.lose_next_start: set[str] = set()
+        self.lose_starts: set[str] = set()
         self.ignore_stop = False
         self._logs: dict[tuple[int, int], list[bytes]] = defaultdict(list)
         self._changed = asyncio.Condition()
@@ -50,7 +52,7 @@ class FakeNodeAgents:
         self.calls.append(("start", node.name, launch.task_id, launch.rank))
         if node.name in self.fail_start:
             raise Unavailable(f"node agent {node.name} is not reachable (fake)", node=node.name)
-        if node.name in self.lose_next_start:
+        if node.name in self.lose_starts or node.name in self.lose_next_start:
             self.lose_next_start.discard(node.name)
             return
         key = (launch.task_id, launch.rank)

@@ -108,3 +108,18 @@ def test_a_retried_submit_makes_one_task(sched) -> None:  # type: ignore[no-unty
     # another user's request id is another request
     c = h.run(h.client("bob").submit(spec(nodes=1), request_id="req-1"))
     assert c.chain_id != a.chain_id
+
+
+def test_a_run_whose_start_was_lost_can_still_be_stopped(sched) -> None:  # type: ignore[no-untyped-def]
+    h = sched(resend_s=0.5)
+    h.register("n1")
+    h.register("n2")
+    h.agents.lose_starts.add("n2")
+    alice = h.client("alice")
+    tid = h.run(alice.submit(spec(nodes=2))).chain_id
+    h.wait_chain(tid, lambda c: c.runs[-1].chain_status == "running", "started")
+    h.run(alice.stop(tid))  # rank 1 never ran on n2 (every start lost), and n2's agent reports nothing
+    end = h.wait_chain(tid, lambda c: c.runs[-1].chain_status == "finished", "stopped all the same")
+    assert sorted((r.node, r.state) for r in end.runs[0].ranks) == [("n1", "stopped"), ("n2", "stopped")]
+    assert all(n.task == 0 for n in h.run(alice.nodes()))
+    assert [r.exit_code for r in end.runs[0].ranks] == [-15, -1]
