@@ -50,6 +50,7 @@ COMMAND_MODULES = [
     "fireflyer.cli.admin",
     "fireflyer.cli.coord",
     "fireflyer.cli.ckpt",
+    "fireflyer.cli.task",
 ]
 
 

@@ -50,7 +50,7 @@ _RECORD_NAME = {"mgmtd": "mgmtd", "meta": "meta", "coord": "coord", "ckpt": "che
 
 #: how to point a client at a cluster (the tail of every NoClusterFound message)
 NO_CLUSTER_HELP = ("pass --state-dir DIR, set FF_STATE_DIR, run `ff up` here (.ff), "
-                   "or set FF_META_ADDR/FF_MGMTD_ADDR/FF_CKPT_ADDR/FF_COORD_ADDR and FF_TOKEN")
+                   "or set FF_META_ADDR/FF_MGMTD_ADDR/FF_CKPT_ADDR/FF_COORD_ADDR/FF_SCHED_ADDR and FF_TOKEN")
 
 
 def parse_addresses(value: str | Sequence[str] | None) -> tuple[str, ...]:

@@ -372,7 +372,8 @@ def slurm_state(task: Task) -> SlurmState:
 
     waiting_init -> PENDING; suspended (requeued after an interrupt) -> REQUEUED; running ->
     RUNNING, or PREEMPTED once the interrupt was sent; finished -> CANCELLED for a user's stop,
-    FAILED for failure bits (TIMEOUT included: the list has no TIMEOUT), else COMPLETED.
+    FAILED for failure bits (TIMEOUT included: the list has no TIMEOUT), PREEMPTED for a run that
+    ended by an interrupt (its chain goes on as a next run), else COMPLETED.
     """
     if task.chain_status == WAITING_INIT:
         return SlurmState.PENDING
@@ -387,4 +388,6 @@ def slurm_state(task: Task) -> SlurmState:
         return SlurmState.CANCELLED
     if code & _FAILED_BITS:
         return SlurmState.FAILED
+    if code & StopCode.INTERRUPT:
+        return SlurmState.PREEMPTED
     return SlurmState.COMPLETED

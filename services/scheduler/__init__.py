@@ -1,0 +1,1 @@
+"""The HAI Platform scheduler service (``python -m services.scheduler``): tasks, nodes, quotas."""
