@@ -61,7 +61,10 @@ from fireflyer.node.policy import (
 )
 from fireflyer.node.suspend import encode_flag
 
-__all__ = ["NodeFacts", "TaskManager"]
+__all__ = ["NodeFacts", "TaskManager", "KEEP_ENDED"]
+
+#: ended tasks the agent still answers TaskStatus for
+KEEP_ENDED = 256
 
 
 class NodeFacts(msgspec.Struct, frozen=True, kw_only=True):
@@ -111,10 +114,17 @@ class TaskManager:
     # -- persistence ---------------------------------------------------------------------------------------------
 
     def save(self) -> None:
+        self._forget_old()
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(".tmp")
         tmp.write_bytes(msgspec.json.encode(self.state))
         os.replace(tmp, self.state_path)
+
+    def _forget_old(self) -> None:
+        """Keep at most :data:`KEEP_ENDED` ended and reported tasks (the newest); their logs stay on disk."""
+        done = sorted((r.ended_at, t) for t, r in self.state.tasks.items() if r.state.ended and r.reported)
+        for _, t in done[:max(0, len(done) - KEEP_ENDED)]:
+            del self.state.tasks[t]
 
     def load(self) -> dict[str, int]:
         """Read the state file of a previous agent on this node and adopt what still runs."""
@@ -199,7 +209,7 @@ class TaskManager:
                                hfreduce_socket=socket, suspend_file=str(self.suspend_path(spec.task_id)),
                                sched_addr=self.facts.sched_addr)
                 log_path = tdir / f"rank{r.rank}.log"
-                with open(log_path, "ab") as out:
+                with open(log_path, "wb") as out:  # a task id started again starts its logs over
                     try:
                         popen = subprocess.Popen(list(spec.command), env=env, cwd=spec.cwd or None,
                                                  stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
