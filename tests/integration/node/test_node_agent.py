@@ -229,10 +229,11 @@ async def test_agent_killed_and_restarted_adopts_its_running_ranks(tmp_path: Pat
         async with connect(svc.address, token=tokens.service) as ch:
             stub = pb_grpc.NodeAgentStub(ch)
             assert (await stub.Describe(pb.DescribeRequest())).labels.zone == "B"
-            await stub.StartTask(start_req(task, ["sleep"]))
+            await stub.StartTask(start_req(task, ["sleep"], hfreduce=pb.HFReduceSpec(peers=["a:1", "b:1"])))
             await stub.StartTask(start_req(short, ["sleep"], ranks=1))
             await wait_for(lambda: _read(stub, task, 3, "ready"), timeout_s=10, what="ranks ready")
             pids = [r.pid for r in (await status(stub, task)).ranks]
+            worker = (await status(stub, task)).worker_pid
             short_pid = (await status(stub, short)).ranks[0].pid
         svc.signal(signal.SIGKILL)
         svc.wait(10)
@@ -244,12 +245,13 @@ async def test_agent_killed_and_restarted_adopts_its_running_ranks(tmp_path: Pat
             info = await status(stub, task)
             assert info.state == "running" and [r.pid for r in info.ranks] == pids
             assert all(r.state == "running" for r in info.ranks)
+            assert info.worker_pid == worker and info.worker_restarts == 0  # its worker adopted too
             lost = await status(stub, short)
             assert lost.state == "lost" and lost.ranks[0].state == "lost"
             # the adopted ranks are still under its control: stop reaches them
             info = (await stub.StopTask(pb.StopTaskRequest(task_id=task, grace_s=2.0, wait=True))).task
             assert info.state == "stopped" and all(r.state == "exited" for r in info.ranks)
-            assert all(observe(p) is None or observe(p).zombie for p in pids)  # type: ignore[union-attr]
+            assert all(observe(p) is None or observe(p).zombie for p in pids + [worker])  # type: ignore[union-attr]
     finally:
         svc.stop()
 
