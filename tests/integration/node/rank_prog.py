@@ -3,6 +3,7 @@
 - ``env``: print the rank variables as one JSON line, then exit 0;
 - ``wait FILE``: print ``start``, wait until FILE exists, print ``more``, exit 0;
 - ``suspend``: print ``ready``, poll the suspend flag, print ``suspend seen: <reason>``, exit 0;
+- ``usr1``: print ``ready``, wait for SIGUSR1, print ``got SIGUSR1``, exit 0;
 - ``stubborn``: ignore SIGTERM, print ``ready``, sleep until killed;
 - ``sleep``: print ``ready``, sleep until killed (SIGTERM ends it with -15);
 - ``exit N``: exit with code N.
@@ -39,6 +40,14 @@ def main() -> int:
             time.sleep(0.02)
         flag = read_flag(os.environ["FF_SUSPEND_FILE"])
         print(f"suspend seen: {flag.reason if flag else '?'}", flush=True)
+        return 0
+    if mode == "usr1":
+        got = []
+        signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
+        print("ready", flush=True)
+        while not got:
+            time.sleep(0.02)
+        print("got SIGUSR1", flush=True)
         return 0
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

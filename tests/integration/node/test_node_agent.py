@@ -154,6 +154,15 @@ async def test_suspend_flag_reaches_every_rank(agent: ServiceProcess, tokens: To
         assert info.state == "succeeded"
         for r in (2, 3):
             assert "suspend seen: preempted by t9" in await log_text(stub, task, r)
+        # with a signal (Slurm's --signal), every rank's process group gets it as well
+        sig = tid()
+        await stub.StartTask(start_req(sig, ["usr1"]))
+        for r in (2, 3):
+            await wait_for(lambda r=r: _read(stub, sig, r, "ready"), timeout_s=10, what=f"rank {r} ready")
+        await stub.Suspend(pb.SuspendRequest(task_id=sig, signal=signal.SIGUSR1))
+        assert (await ended(stub, sig)).state == "succeeded"
+        for r in (2, 3):
+            assert "got SIGUSR1" in await log_text(stub, sig, r)
 
 
 async def _read(stub: pb_grpc.NodeAgentStub, task: str, rank: int, what: str) -> bool:
