@@ -36,7 +36,7 @@ from typing import Any
 import msgspec
 
 from fireflyer.cluster.procs import observe
-from fireflyer.core.errors import AlreadyExists, InvalidArgument, NotFound
+from fireflyer.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from fireflyer.node.env import inherited_env, rank_env
 from fireflyer.node.events import TaskExited
 from fireflyer.node.model import (
@@ -193,6 +193,9 @@ class TaskManager:
         if old is not None and not old.state.ended:
             raise AlreadyExists(f"task {spec.task_id} already runs on node {self.facts.name}",
                                 task=spec.task_id, node=self.facts.name)
+        if spec.cwd and not Path(spec.cwd).is_dir():
+            raise InvalidArgument(f"cwd {spec.cwd!r} of task {spec.task_id} is not a directory on node "
+                                  f"{self.facts.name}", field="cwd", task=spec.task_id)
         tdir = self.task_dir(spec.task_id)
         tdir.mkdir(parents=True, exist_ok=True)
         self.suspend_path(spec.task_id).unlink(missing_ok=True)
@@ -249,8 +252,13 @@ class TaskManager:
         env = dict(self.agent_env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         with open(log_path, "ab") as out:
-            popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+            try:
+                popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+            except OSError as e:
+                raise FailedPrecondition(f"node {self.facts.name} cannot start its HFReduce worker {argv[0]}: "
+                                         f"{e.strerror or e}; check FF_AGENT_WORKER_COMMAND",
+                                         task=spec.task_id, node=self.facts.name) from e
         seen = observe(popen.pid)
         restarts = rec.worker.restarts if rec.worker is not None else 0
         rec.worker = WorkerRecord(pid=popen.pid, start_ticks=seen.start_ticks if seen else None, socket=socket,
@@ -289,7 +297,14 @@ class TaskManager:
             return
         if now >= w.restart_at:
             rec.worker.restarts += 1
-            self._start_worker(rec, rec.worker.socket)
+            try:
+                self._start_worker(rec, rec.worker.socket)
+            except FailedPrecondition as e:  # tried again after the next backoff step, one line per try
+                w.attempt += 1
+                w.restart_at = now + restart_delay(w.attempt, self.restart)
+                self.log.error("node.worker_restart_failed", task=rec.spec.task_id, error=str(e), attempt=w.attempt)
+                self.save()
+                return
             self.log.warning("node.worker_restarted", task=rec.spec.task_id, pid=rec.worker.pid,
                              restarts=rec.worker.restarts, attempt=w.attempt)
             self.save()
@@ -378,28 +393,37 @@ class TaskManager:
     async def tick(self) -> None:
         now = time.monotonic()
         for rec in list(self.state.tasks.values()):
-            if rec.state.ended:
-                continue
-            changed = False
-            for r in rec.ranks:
-                if r.state is RankState.RUNNING and self._poll_rank(rec, r):
-                    changed = True
-            self._escalate(rec, now)
-            new = task_state_of(rec.ranks, stop_requested=rec.stop_requested)
-            if new.ended:
-                rec.state, rec.ended_at = new, time.time()
-                self.stops.pop(rec.spec.task_id, None)
-                self._kill_worker(rec)
-                self.log.info("node.task_ended", task=rec.spec.task_id, state=new.value,
-                              exit_codes={str(r.rank): r.exit_code for r in rec.ranks})
-                changed = True
-            else:
-                self._supervise_worker(rec, now)
-            if changed:
-                self.save()
-                self.changed.set()
-            if rec.state.ended and not rec.reported:
+            try:
+                await self._tick_task(rec, now)
+            except Exception as e:  # noqa: BLE001 -- one task's trouble (a worker that cannot start) must not
+                # stop the agent from watching the others; it is retried on the next tick
+                self.log.error("node.task_tick_failed", task=rec.spec.task_id, error=repr(e))
+
+    async def _tick_task(self, rec: TaskRecord, now: float) -> None:
+        if rec.state.ended:
+            if not rec.reported:  # its event could not be published before (NATS away): again
                 await self._report(rec)
+            return
+        changed = False
+        for r in rec.ranks:
+            if r.state is RankState.RUNNING and self._poll_rank(rec, r):
+                changed = True
+        self._escalate(rec, now)
+        new = task_state_of(rec.ranks, stop_requested=rec.stop_requested)
+        if new.ended:
+            rec.state, rec.ended_at = new, time.time()
+            self.stops.pop(rec.spec.task_id, None)
+            self._kill_worker(rec)
+            self.log.info("node.task_ended", task=rec.spec.task_id, state=new.value,
+                          exit_codes={str(r.rank): r.exit_code for r in rec.ranks})
+            changed = True
+        else:
+            self._supervise_worker(rec, now)
+        if changed:
+            self.save()
+            self.changed.set()
+        if rec.state.ended:
+            await self._report(rec)
 
     async def _report(self, rec: TaskRecord) -> None:
         ev = TaskExited(node=self.facts.name, task_id=rec.spec.task_id, state=rec.state.value,
