@@ -8,6 +8,7 @@ command line), so a leak is caught even when cluster.json is already removed.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -204,5 +205,35 @@ def test_external_nats_from_env(state_dir: Path, tmp_path: Path) -> None:
 
 def test_local_cluster_fixture(local_cluster: LocalCluster) -> None:
     # the default cluster file, as `make up` runs it
-    assert local_cluster.status()["healthy"]
+    status = local_cluster.status()
+    assert status["healthy"]
     assert local_cluster.address("echo").startswith("127.0.0.1:")
+    # one node agent per simulated machine, with ff launch's names, addresses and zones A, A, B
+    assert {(p["instance"], p["health"]) for p in status["processes"] if p["name"] == "node"} == {
+        ("node-0", "SERVING"), ("node-1", "SERVING"), ("node-2", "SERVING")}
+    labels, pid = asyncio.run(_node_agents(local_cluster))
+    assert labels == [("node0", "A", "127.0.0.1"), ("node1", "A", "127.0.0.2"), ("node2", "B", "127.0.0.3")]
+    # `ff down` stops the agents, and each agent the tasks it runs: nothing is left behind
+    assert local_cluster.down().returncode == 0
+    wait_until(lambda: observe(pid) is None or observe(pid).zombie, timeout_s=10,  # type: ignore[union-attr]
+               what="the task's rank stopped by ff down")
+
+
+async def _node_agents(cluster: LocalCluster) -> tuple[list[tuple[str, str, str]], int]:
+    """Every agent's labels, and the pid of a rank started on node0 (with the agents' service credential)."""
+    import sys
+
+    from fireflyer.api.node.v1 import node_pb2 as pb
+    from fireflyer.api.node.v1 import node_pb2_grpc as pb_grpc
+    from fireflyer.rpc import connect
+
+    labels = []
+    for address in cluster.addresses("node"):
+        async with connect(address, token=cluster.user_token) as ch:
+            got = (await pb_grpc.NodeAgentStub(ch).Describe(pb.DescribeRequest())).labels
+            labels.append((got.name, got.zone, got.address))
+    async with connect(cluster.addresses("node")[0], token=cluster.service_token("node")) as ch:
+        reply = await pb_grpc.NodeAgentStub(ch).StartTask(pb.StartTaskRequest(
+            task_id="e2e", command=[sys.executable, "-c", "import time; time.sleep(600)"], grace_s=2.0,
+            ranks=[pb.Rank(rank=0)]))
+    return labels, reply.task.ranks[0].pid
