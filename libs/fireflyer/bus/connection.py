@@ -56,6 +56,7 @@ from fireflyer.core.errors import (
 from fireflyer.core.log import get_logger
 
 from . import jetstream
+from .auth import nats_credentials
 from .backoff import backoff_delay
 from .events import Event, decode, decoder_for, encode
 from .stats import BusStats
@@ -121,12 +122,16 @@ class Bus:
     # -- connection ---------------------------------------------------------
 
     @classmethod
-    async def connect(cls, settings: NatsSettings, *, name: str, wait_s: float | None = None) -> Bus:
+    async def connect(cls, settings: NatsSettings, *, name: str, wait_s: float | None = None,
+                      token: str | None = None) -> Bus:
         """Connect to ``settings.url`` (comma-separated URLs: a cluster).
 
         Args:
             settings: the NATS section of the service's settings.
             name: connection name shown by the server (``nats-server`` monitoring).
+            token: the process's bearer token (``FF_TOKEN``); it connects as the NATS user
+                derived from it (:mod:`fireflyer.bus.auth`), with that user's reply inbox.
+                A server without auth ignores it.  None: anonymous (or ``settings.credentials``).
             wait_s: how long to keep trying the *first* connection; default
                 ``settings.connect_timeout_s``.  Later losses are retried as the
                 settings say.
@@ -138,6 +143,10 @@ class Bus:
         bus = cls(nc, settings, name)
         servers = [u.strip() for u in settings.url.split(",") if u.strip()]
         wait = settings.connect_timeout_s if wait_s is None else wait_s
+        auth: dict[str, Any] = {}
+        if token and not settings.credentials:
+            creds = nats_credentials(token)
+            auth = {"user": creds.user, "password": creds.password, "inbox_prefix": creds.inbox_prefix}
         try:
             await asyncio.wait_for(
                 nc.connect(
@@ -154,6 +163,7 @@ class Bus:
                     disconnected_cb=bus._on_disconnected,
                     reconnected_cb=bus._on_reconnected,
                     closed_cb=bus._on_closed,
+                    **auth,
                 ),
                 timeout=wait,
             )

@@ -146,7 +146,7 @@ class Rendezvous:
         if rec is None or not rec.live:
             rec = CommRecord(job=spec.job, name=spec.name, generation=(rec.generation + 1) if rec else 1,
                              nnodes=spec.nnodes, world_size=spec.world_size, restart_count=spec.restart_count,
-                             expected_nodes=spec.expected_nodes, created_at=now)
+                             expected_nodes=spec.expected_nodes, created_at=now, owner=spec.owner)
             self.comms[cid] = rec
         elif rec.state == FORMING and not rec.members:
             # every earlier joiner gave up (deadline): the next join sets the shape afresh
