@@ -118,6 +118,8 @@ class Bus:
         self.stats = BusStats()
         self._consumers: list[jetstream.Consumer] = []
         self._js: JetStreamContext | None = None
+        #: the last error the client reported (an auth refusal surfaces only here while connecting)
+        self._last_error = ""
 
     # -- connection ---------------------------------------------------------
 
@@ -169,9 +171,15 @@ class Bus:
             )
         except (TimeoutError, OSError, nats.errors.Error) as e:
             await nc.close()
+            last = bus._last_error
+            if "authorization violation" in (last + _why(e)).lower():
+                hint = ("the server refused the credentials: this process's token (FF_TOKEN) is not a NATS user "
+                        "of this cluster (revoked, expired, or another cluster's; see docs/nats-auth.md)")
+            else:
+                hint = "is nats-server running (`ff up`)?"
             raise Unavailable(
-                f"cannot connect to NATS at {settings.url} within {wait}s: {_why(e)}; "
-                "is nats-server running (`ff up`)?",
+                f"cannot connect to NATS at {settings.url} within {wait}s: {_why(e)}"
+                + (f" (last error: {last})" if last else "") + f"; {hint}",
                 url=settings.url,
                 name=name,
             ) from e
@@ -188,6 +196,7 @@ class Bus:
         return best, delay
 
     async def _on_error(self, e: Exception) -> None:
+        self._last_error = _why(e)
         if isinstance(e, OSError | asyncio.TimeoutError | nats.errors.StaleConnectionError):
             # every failed reconnect attempt lands here: keep them out of warnings
             log.debug("bus.connection_error", name=self.name, error=repr(e))
