@@ -55,6 +55,19 @@ def _commit(c: CheckpointClient, fs: LocalFS, job: str, step: int) -> tuple[str,
     return rec.id, time.monotonic() - t0
 
 
+async def _anonymous_refused(url: str) -> bool:
+    from fireflyer.bus import Bus
+    from fireflyer.core.errors import Unavailable
+    from fireflyer.testing.nats import fast_nats_settings
+
+    try:
+        bus = await Bus.connect(fast_nats_settings(url), name="e2e-anonymous", wait_s=2.0)
+    except Unavailable as e:
+        return "refused the credentials" in str(e)
+    await bus.close()
+    return False
+
+
 async def _committed(nats_url: str, job: str, expect: int, timeout_s: float,
                      token: str) -> list[CheckpointCommitted]:
     from fireflyer.bus import Bus
@@ -116,6 +129,8 @@ def test_nats_restarted_by_its_recorded_command_is_found_again(tmp_path: Path) -
                            and _nats_row(cluster)["health"] == "reachable", timeout_s=15, what="nats running again")
                 row = _nats_row(cluster)
                 assert row["pid"] == restarted.pid and row["address"] == n.url
+                # the recorded command line brings back the same users: still no anonymous access
+                assert asyncio.run(_anonymous_refused(n.url))
                 assert cluster.status()["exit_code"] == 0
                 ids.append(_commit(c, fs, "nr", 4)[0])
 
