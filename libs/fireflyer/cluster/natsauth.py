@@ -9,23 +9,31 @@ running nats-server SIGHUP (its pid from its own pid file, ``nats.pid``), which 
 revoked token's next connect is refused at once.  A NATS restarted with the command line
 ``cluster.json`` records reads the same ``nats.conf``.  The user and permission scheme is
 :mod:`fireflyer.bus.auth`'s.
+
+A deployment (compose, k8s) makes the same file from its tokens secret and mounts it beside
+``deploy/nats.conf``, which includes it::
+
+    python -m fireflyer.cluster.natsauth TOKENS_JSON NATS_AUTH_CONF
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from fireflyer.bus.auth import write_auth_config
+from fireflyer.core.errors import FireFlyerError
 from fireflyer.core.log import get_logger
-from fireflyer.rpc.auth import TokenEntry
+from fireflyer.rpc.auth import TokenEntry, read_token_entries
 
 from .procs import cmdline, read_pid_file
 
-__all__ = ["NATS_CONF", "NATS_AUTH_CONF", "NATS_PID", "main_config", "write_nats_config", "sync_nats_auth"]
+__all__ = ["NATS_CONF", "NATS_AUTH_CONF", "NATS_PID", "main_config", "write_nats_config", "sync_nats_auth", "main"]
 
 log = get_logger(__name__)
 
@@ -76,3 +84,24 @@ def sync_nats_auth(tokens_file: Path, entries: Sequence[TokenEntry], *, now: flo
         return False
     log.info("cluster.nats_reloaded", pid=pid)
     return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write a deployment's ``nats-auth.conf`` from its tokens file (the compose/k8s secret)."""
+    p = argparse.ArgumentParser(prog="python -m fireflyer.cluster.natsauth",
+                                description="write the NATS users of a tokens file (docs/nats-auth.md)")
+    p.add_argument("tokens", type=Path, help="tokens.json (the format ff up writes)")
+    p.add_argument("out", type=Path, help="the nats-auth.conf to write (mode 0600)")
+    ns = p.parse_args(argv)
+    try:
+        entries = read_token_entries(ns.tokens)
+        write_auth_config(ns.out, entries, now=time.time())
+    except (FireFlyerError, OSError) as e:
+        print(f"natsauth: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {ns.out}: {len(entries)} token entries", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
