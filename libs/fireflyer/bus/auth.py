@@ -61,6 +61,7 @@ __all__ = [
     "permissions_for",
     "auth_config",
     "write_auth_config",
+    "bcrypt_hash",
     "BCRYPT_COST",
 ]
 

@@ -14,6 +14,10 @@ restarted with the command line ``cluster.json`` records (``nats.command``), it 
 back where every service's client reconnects to.  ``status`` and ``down`` then find it
 through its own pid file (``-P``, ``nats.pid``) or, failing that, as the nats-server
 listening on that port; the pid recorded at ``up`` is only the first place they look.
+
+The managed nats-server runs with ``<state>/nats.conf`` (``-c``, also in ``nats.command``), whose
+users are the tokens of ``tokens.json`` (:mod:`.natsauth`, docs/nats-auth.md): no anonymous client,
+each service connects with its own ``svc-<name>`` token.
 """
 
 from __future__ import annotations
