@@ -93,6 +93,9 @@ class CoordService(Service):
         ctx.add_servicer(pb_grpc.add_CoordServiceServicer_to_server, CoordServicer(self.core), SERVICE_NAME)
         if ctx.bus is not None:
             await ctx.subscribe(TELEMETRY_PATTERN, self.core.on_telemetry, types=TelemetryBatch, queue=QUEUE_GROUP)
+            # workers of a user's job publish in the user's namespace (fireflyer.bus.auth)
+            await ctx.subscribe(subjects.owned_pattern(TELEMETRY_PATTERN), self.core.on_telemetry,
+                                types=TelemetryBatch, queue=QUEUE_GROUP)
         ctx.spawn(self.core.sweep_loop(), name="coord-sweep")
         ctx.log.info("coord.starting", kv=kv_url_for(settings).split("@")[-1], loaded=loaded,
                      heartbeat_interval_s=cfg.heartbeat_interval_s, heartbeat_misses=cfg.heartbeat_misses)

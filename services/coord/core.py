@@ -136,7 +136,7 @@ class CoordCore:
                              culprit=rec.culprit)
             if self.bus is not None:
                 try:
-                    await self.bus.publish(aborted_subject(rec.comm), CommAborted(
+                    await self.bus.publish(aborted_subject(rec.comm, rec.owner), CommAborted(
                         comm=rec.comm, generation=rec.generation, reason=rec.reason, culprit=rec.culprit))
                     self.published += 1
                 except Exception as e:  # noqa: BLE001 - members still learn it from heartbeat replies
@@ -144,7 +144,7 @@ class CoordCore:
 
     def _answer(self, rec: CommRecord) -> None:
         dt = self.rv.trees[rec.comm]
-        subject = aborted_subject(rec.comm)
+        subject = aborted_subject(rec.comm, rec.owner)
         depths = (dt.trees[0].depth(), dt.trees[1].depth())
         for m in rec.members:
             entry = self._waiters.pop((rec.comm, m.node), None)

@@ -10,16 +10,33 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from fireflyer.api.coord.v1 import coord_pb2 as pb
 from fireflyer.api.coord.v1 import coord_pb2_grpc as pb_grpc
 from fireflyer.coord import convert
 from fireflyer.coord.convert import STATE_TO_PB
+from fireflyer.core.errors import InvalidArgument
+from fireflyer.rpc.auth import current_principal
 
 from .core import CoordCore
 
 __all__ = ["SERVICE_NAME", "CoordServicer"]
 
 SERVICE_NAME = "ff.coord.v1.CoordService"
+
+
+def _caller() -> str:
+    """The joining user, whose NATS namespace the communicator's events go to ("" for a name
+    that cannot be a subject token: those events then use the cluster-wide subjects)."""
+    from fireflyer.bus.subjects import user_token
+
+    user = current_principal().user
+    try:
+        user_token(user)
+    except InvalidArgument:
+        return ""
+    return user
 
 
 class CoordServicer(pb_grpc.CoordServiceServicer):
@@ -32,7 +49,8 @@ class CoordServicer(pb_grpc.CoordServiceServicer):
         if remaining is not None and remaining > 0:
             # answer DEADLINE_EXCEEDED with the missing nodes before the caller's deadline cuts us off
             timeout = min(timeout, remaining * 0.95) if timeout > 0 else remaining * 0.95
-        return await self.core.join(convert.join_spec_from_pb(request), timeout)
+        spec = msgspec.structs.replace(convert.join_spec_from_pb(request), owner=_caller())
+        return await self.core.join(spec, timeout)
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatReply:
         rec = self.core.heartbeat(request.comm, request.generation, request.node)

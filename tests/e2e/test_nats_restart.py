@@ -55,11 +55,26 @@ def _commit(c: CheckpointClient, fs: LocalFS, job: str, step: int) -> tuple[str,
     return rec.id, time.monotonic() - t0
 
 
-async def _committed(nats_url: str, job: str, expect: int, timeout_s: float) -> list[CheckpointCommitted]:
+async def _anonymous_refused(url: str) -> bool:
+    from fireflyer.bus import Bus
+    from fireflyer.core.errors import Unavailable
+    from fireflyer.testing.nats import fast_nats_settings
+
+    try:
+        bus = await Bus.connect(fast_nats_settings(url), name="e2e-anonymous", wait_s=2.0)
+    except Unavailable as e:
+        return "refused the credentials" in str(e)
+    await bus.close()
+    return False
+
+
+async def _committed(nats_url: str, job: str, expect: int, timeout_s: float,
+                     token: str) -> list[CheckpointCommitted]:
     from fireflyer.bus import Bus
     from fireflyer.testing.nats import fast_nats_settings, unique_name
 
-    bus = await Bus.connect(fast_nats_settings(nats_url), name="e2e-reader")
+    # the FF_CKPT stream is the services' (docs/nats-auth.md): read it as one
+    bus = await Bus.connect(fast_nats_settings(nats_url), name="e2e-reader", token=token)
     try:
         psub = await bus.js.pull_subscribe(f"ff.ckpt.v1.job.{job}.committed", durable=unique_name("r"),
                                            stream="FF_CKPT")
@@ -114,10 +129,13 @@ def test_nats_restarted_by_its_recorded_command_is_found_again(tmp_path: Path) -
                            and _nats_row(cluster)["health"] == "reachable", timeout_s=15, what="nats running again")
                 row = _nats_row(cluster)
                 assert row["pid"] == restarted.pid and row["address"] == n.url
+                # the recorded command line brings back the same users: still no anonymous access
+                assert asyncio.run(_anonymous_refused(n.url))
                 assert cluster.status()["exit_code"] == 0
                 ids.append(_commit(c, fs, "nr", 4)[0])
 
-            events = asyncio.run(_committed(n.url, "nr", expect=len(ids), timeout_s=20.0))
+            events = asyncio.run(_committed(n.url, "nr", expect=len(ids), timeout_s=20.0,
+                                            token=cluster.service_token("checkpoint")))
             assert [e.id for e in events] == ids, "every commit published once, in order, after the restart"
 
             down = cluster.down()

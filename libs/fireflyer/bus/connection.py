@@ -56,6 +56,7 @@ from fireflyer.core.errors import (
 from fireflyer.core.log import get_logger
 
 from . import jetstream
+from .auth import nats_credentials
 from .backoff import backoff_delay
 from .events import Event, decode, decoder_for, encode
 from .stats import BusStats
@@ -117,16 +118,22 @@ class Bus:
         self.stats = BusStats()
         self._consumers: list[jetstream.Consumer] = []
         self._js: JetStreamContext | None = None
+        #: the last error the client reported (an auth refusal surfaces only here while connecting)
+        self._last_error = ""
 
     # -- connection ---------------------------------------------------------
 
     @classmethod
-    async def connect(cls, settings: NatsSettings, *, name: str, wait_s: float | None = None) -> Bus:
+    async def connect(cls, settings: NatsSettings, *, name: str, wait_s: float | None = None,
+                      token: str | None = None) -> Bus:
         """Connect to ``settings.url`` (comma-separated URLs: a cluster).
 
         Args:
             settings: the NATS section of the service's settings.
             name: connection name shown by the server (``nats-server`` monitoring).
+            token: the process's bearer token (``FF_TOKEN``); it connects as the NATS user
+                derived from it (:mod:`fireflyer.bus.auth`), with that user's reply inbox.
+                A server without auth ignores it.  None: anonymous (or ``settings.credentials``).
             wait_s: how long to keep trying the *first* connection; default
                 ``settings.connect_timeout_s``.  Later losses are retried as the
                 settings say.
@@ -138,6 +145,10 @@ class Bus:
         bus = cls(nc, settings, name)
         servers = [u.strip() for u in settings.url.split(",") if u.strip()]
         wait = settings.connect_timeout_s if wait_s is None else wait_s
+        auth: dict[str, Any] = {}
+        if token and not settings.credentials:
+            creds = nats_credentials(token)
+            auth = {"user": creds.user, "password": creds.password, "inbox_prefix": creds.inbox_prefix}
         try:
             await asyncio.wait_for(
                 nc.connect(
@@ -154,14 +165,21 @@ class Bus:
                     disconnected_cb=bus._on_disconnected,
                     reconnected_cb=bus._on_reconnected,
                     closed_cb=bus._on_closed,
+                    **auth,
                 ),
                 timeout=wait,
             )
         except (TimeoutError, OSError, nats.errors.Error) as e:
             await nc.close()
+            last = bus._last_error
+            if "authorization violation" in (last + _why(e)).lower():
+                hint = ("the server refused the credentials: this process's token (FF_TOKEN) is not a NATS user "
+                        "of this cluster (revoked, expired, or another cluster's; see docs/nats-auth.md)")
+            else:
+                hint = "is nats-server running (`ff up`)?"
             raise Unavailable(
-                f"cannot connect to NATS at {settings.url} within {wait}s: {_why(e)}; "
-                "is nats-server running (`ff up`)?",
+                f"cannot connect to NATS at {settings.url} within {wait}s: {_why(e)}"
+                + (f" (last error: {last})" if last else "") + f"; {hint}",
                 url=settings.url,
                 name=name,
             ) from e
@@ -178,6 +196,7 @@ class Bus:
         return best, delay
 
     async def _on_error(self, e: Exception) -> None:
+        self._last_error = _why(e)
         if isinstance(e, OSError | asyncio.TimeoutError | nats.errors.StaleConnectionError):
             # every failed reconnect attempt lands here: keep them out of warnings
             log.debug("bus.connection_error", name=self.name, error=repr(e))

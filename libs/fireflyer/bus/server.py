@@ -86,6 +86,8 @@ class NatsServerProcess:
             (``ff up``); the caller records :attr:`pid` and :attr:`port`.
         pid_file: the server writes its pid there (``-P``): a server restarted by hand
             with :meth:`command` is found again through it (``ff status``, ``ff down``).
+        config_file: a nats-server config (``-c``); ``ff up`` passes one that includes the
+            users of ``fireflyer.bus.auth``.  Flags given here override its settings.
     """
 
     def __init__(
@@ -98,8 +100,10 @@ class NatsServerProcess:
         jetstream: bool = True,
         detach: bool = False,
         pid_file: Path | None = None,
+        config_file: Path | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
+        self.config_file = Path(config_file) if config_file is not None else None
         self.pid_file = Path(pid_file) if pid_file is not None else None
         self.host = host
         self.log_file = Path(log_file) if log_file is not None else self.store_dir / "nats-server.log"
@@ -149,7 +153,10 @@ class NatsServerProcess:
     # -- lifecycle ----------------------------------------------------------
 
     def command(self, port: int) -> list[str]:
-        cmd = [nats_server_binary(), "-a", self.host, "-p", str(port), "-l", str(self.log_file)]
+        cmd = [nats_server_binary()]
+        if self.config_file is not None:
+            cmd += ["-c", str(self.config_file)]
+        cmd += ["-a", self.host, "-p", str(port), "-l", str(self.log_file)]
         if self.pid_file is not None:
             cmd += ["-P", str(self.pid_file)]
         if self.jetstream:
@@ -240,6 +247,12 @@ class NatsServerProcess:
             self._signal(signal.SIGKILL)
             self._wait_exit(5.0)
         self._reap()
+
+    def reload(self) -> None:
+        """Make the running server re-read its config file (SIGHUP): users added or revoked
+        count for new connections at once; established ones keep going (see docs/nats-auth.md)."""
+        if self.is_running():
+            self._signal(signal.SIGHUP)
 
     def restart(self, timeout_s: float = 10.0) -> None:
         """Stop and start again on the same port and store dir (JetStream state survives)."""

@@ -5,6 +5,15 @@
     pattern("sched", entity="task", ident=">")        # ff.sched.v1.task.>
     parse("ff.node.v1.node.n3.heartbeat").ident       # "n3"
 
+A user's own traffic (its job's telemetry, the aborts of its communicators) lives in the
+user's namespace, the only subjects a user's NATS credential may use (``fireflyer.bus.auth``)::
+
+    owned("bob", subject("coord", "comm", "j1-main", "telemetry"))
+        # ff.user.bob.coord.v1.comm.j1-main.telemetry
+    owned_pattern(pattern("coord", entity="comm", event="telemetry"))
+        # ff.user.*.coord.v1.comm.*.telemetry   (what a service subscribes to)
+    owner_of("ff.user.bob.coord.v1.comm.j1-main.telemetry")    # "bob"
+
 Pure functions, no I/O.  Every token is checked so a stray ``.`` in an id (a
 hostname such as ``gpu01.rack2``) fails loudly here instead of silently landing
 on another subject.
@@ -18,9 +27,12 @@ import msgspec
 
 from fireflyer.core.errors import InvalidArgument
 
-__all__ = ["PREFIX", "SubjectParts", "subject", "pattern", "parse", "check_token"]
+__all__ = ["PREFIX", "USER_SCOPE", "SubjectParts", "subject", "pattern", "parse", "check_token", "user_token",
+           "user_namespace", "owned", "owned_pattern", "owner_of", "strip_owner"]
 
 PREFIX = "ff"
+#: ``ff.user.<user>.`` starts every subject owned by a user
+USER_SCOPE = "user"
 _BAD = re.compile(r"[.*>\s]")
 _VERSION = re.compile(r"v([1-9][0-9]*)")
 
@@ -118,3 +130,45 @@ def parse(value: str) -> SubjectParts:
     for name, tok in (("domain", domain), ("entity", entity), ("ident", ident), ("event", event)):
         check_token(name, tok)
     return SubjectParts(domain=domain, version=int(m.group(1)), entity=entity, ident=ident, event=event)
+
+
+def user_token(user: str) -> str:
+    """User name ``user`` as one subject token: ``.`` (allowed in user names) becomes ``~``
+    (never in one), so distinct users get distinct tokens."""
+    return check_token("user", user.replace(".", "~"))
+
+
+def user_namespace(user: str) -> str:
+    """``ff.user.<user>``: the subjects below it belong to ``user``."""
+    return f"{PREFIX}.{USER_SCOPE}.{user_token(user)}"
+
+
+def owned(user: str, value: str) -> str:
+    """Subject (or pattern) ``ff.<rest>`` moved into ``user``'s namespace: ``ff.user.<user>.<rest>``."""
+    head, sep, rest = value.partition(".")
+    if head != PREFIX or not sep:
+        raise InvalidArgument(f"not a Fire-Flyer subject: {value!r}", subject=value)
+    return f"{user_namespace(user)}.{rest}"
+
+
+def owned_pattern(value: str) -> str:
+    """Pattern ``ff.<rest>`` in every user's namespace: ``ff.user.*.<rest>``."""
+    head, sep, rest = value.partition(".")
+    if head != PREFIX or not sep:
+        raise InvalidArgument(f"not a Fire-Flyer subject pattern: {value!r}", subject=value)
+    return f"{PREFIX}.{USER_SCOPE}.*.{rest}"
+
+
+def owner_of(value: str) -> str | None:
+    """The user token of a subject in a user's namespace, None for a cluster subject."""
+    tokens = value.split(".", 3)
+    if len(tokens) == 4 and tokens[0] == PREFIX and tokens[1] == USER_SCOPE:
+        return tokens[2]
+    return None
+
+
+def strip_owner(value: str) -> str:
+    """The cluster-form subject of ``value``: ``ff.user.<u>.<rest>`` -> ``ff.<rest>``."""
+    if owner_of(value) is None:
+        return value
+    return f"{PREFIX}.{value.split('.', 3)[3]}"

@@ -6,6 +6,8 @@
     <state>/nats/          the JetStream store of the managed nats-server
     <state>/nats.port      the managed nats-server's client port, kept for the life of the state dir
     <state>/nats.pid       written by nats-server itself (-P): finds a restarted one again
+    <state>/nats.conf      the managed nats-server's config; it includes nats-auth.conf (0600), the
+                           NATS users made from tokens.json (fireflyer.cluster.natsauth)
     <state>/spans.jsonl    the span file every service appends to
     <state>/cluster.lock   flock'd by up/down so two of them never interleave
 

@@ -14,6 +14,10 @@ restarted with the command line ``cluster.json`` records (``nats.command``), it 
 back where every service's client reconnects to.  ``status`` and ``down`` then find it
 through its own pid file (``-P``, ``nats.pid``) or, failing that, as the nats-server
 listening on that port; the pid recorded at ``up`` is only the first place they look.
+
+The managed nats-server runs with ``<state>/nats.conf`` (``-c``, also in ``nats.command``), whose
+users are the tokens of ``tokens.json`` (:mod:`.natsauth`, docs/nats-auth.md): no anonymous client,
+each service connects with its own ``svc-<name>`` token.
 """
 
 from __future__ import annotations
@@ -160,17 +164,21 @@ class _Started(msgspec.Struct):
     ready_timeout_s: float
 
 
-def _start_nats(cfg: ClusterConfig, paths: StatePaths, env: Mapping[str, str]) -> NatsRecord:
+def _start_nats(cfg: ClusterConfig, paths: StatePaths, env: Mapping[str, str], tokens: TokensFile) -> NatsRecord:
     external = env.get("FF_NATS_URL") or cfg.nats.url
     if external:
         return NatsRecord(url=external, managed=False)
     from fireflyer.bus.server import NatsServerProcess
 
+    from .natsauth import write_nats_config
+
     log_path = paths.log_for("nats")
     port = nats_port_for(paths, cfg.nats.port)
+    # every client authenticates with its token (docs/nats-auth.md): the users come from tokens.json
+    conf = write_nats_config(paths.root, tokens.tokens)
     # detach: the server must outlive this `ff up` process, like the services
     server = NatsServerProcess(store_dir=paths.nats_store, port=port, log_file=log_path, detach=True,
-                               pid_file=paths.nats_pid)
+                               pid_file=paths.nats_pid, config_file=conf)
     server.start(timeout_s=10.0)
     assert server.pid is not None  # set by start()
     seen = observe(server.pid)
@@ -342,7 +350,7 @@ def up(*, config_path: Path, state_dir: Path, env: Mapping[str, str], cwd: Path,
         nats: NatsRecord | None = None
         started: list[_Started] = []
         try:
-            nats = _start_nats(cfg, paths, env)
+            nats = _start_nats(cfg, paths, env, tokens)
             _start_services(cfg, paths, env, cwd, nats.url, tokens, started)
             record = ClusterRecord(state_dir=str(paths.root), config=str(Path(config_path).absolute()),
                                    started_at=time.time(), nats=nats, processes=[s.record for s in started],

@@ -4,7 +4,8 @@ The tokens file (``<state_dir>/tokens.json``, see ``docs/tokens.md``) is the use
 cluster that ``ff up`` started: the command edits it in place (an exclusive lock on
 ``tokens.json.lock``, then write a temp file and rename it over), and every service re-reads it
 within about a second of the change (:class:`fireflyer.rpc.auth.ReloadingTokenStore`), so
-nothing restarts.  Who may run it is who may write the file (its owner: mode 0600).
+nothing restarts.  The local NATS's users follow too: ``add`` and ``revoke`` rewrite
+``nats-auth.conf`` and make nats-server reload it (:mod:`fireflyer.cluster.natsauth`).  Who may run it is who may write the file (its owner: mode 0600).
 
 A new user's secret is generated here, printed once, and stored only as its SHA-256
 (``token_sha256``); ``ff up``'s own entries (admin, the local user, the services' ``svc-<name>``
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import msgspec
 
+from fireflyer.cluster.natsauth import sync_nats_auth
 from fireflyer.cluster.records import SERVICE_USER_PREFIX
 from fireflyer.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from fireflyer.rpc.auth import SERVICE_ROLE, TokenEntry, generate_token, read_token_entries, write_tokens_file
@@ -209,6 +211,7 @@ def add_user(path: Path, name: str, *, role: str = "user", expires_at: datetime.
     with _locked(path):
         entries = plan_add(read_token_entries(path), name, role=role, token=token, now=now, expires_at=expires_at)
         write_tokens_file(path, entries)
+        sync_nats_auth(path, entries, now=now)
     return token, entries[-1]
 
 
@@ -218,6 +221,8 @@ def revoke_user(path: Path, name: str, *, now: float | None = None) -> int:
     with _locked(path):
         entries, count = plan_revoke(read_token_entries(path), name, now=now)
         write_tokens_file(path, entries)
+        # the local NATS refuses the revoked token's next connect (docs/nats-auth.md)
+        sync_nats_auth(path, entries, now=now)
     return count
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -193,8 +194,9 @@ class CoordMembership:
                 self._fire(ev.reason, ev.culprit)
 
         try:
+            # the member's own NATS user: it may read its owner's namespace, where r.aborted_subject is
             self._bus = await Bus.connect(NatsSettings(url=self.nats_url), name=f"coord-member-{self.spec.node}",
-                                          wait_s=5.0)
+                                          wait_s=5.0, token=self.token or os.environ.get("FF_TOKEN"))
             await self._bus.subscribe(r.aborted_subject, on_event, types=CommAborted)
         except Exception as e:  # noqa: BLE001 - heartbeat replies still carry aborts
             log.warning("coord.watch_failed", nats=self.nats_url, error=str(e))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from fireflyer.bus.events import Event
-from fireflyer.bus.subjects import subject
+from fireflyer.bus.subjects import owned, subject
 from fireflyer.core.errors import InvalidArgument
 
 __all__ = ["FORMING", "ACTIVE", "ABORTED", "ENDED", "STATES", "JoinSpec", "Member", "CommRecord",
@@ -36,6 +36,9 @@ class JoinSpec(msgspec.Struct, frozen=True, kw_only=True):
     world_size: int = 0
     restart_count: int = 0
     expected_nodes: tuple[str, ...] = ()
+    #: the Fire-Flyer user who joined (set by coord from the caller's token, never by the caller):
+    #: the communicator's NATS subjects are in that user's namespace
+    owner: str = ""
 
     @property
     def comm(self) -> str:
@@ -94,6 +97,8 @@ class CommRecord(msgspec.Struct, kw_only=True):
     ended_at: float = 0.0
     depth: int = 0
     cross_zone_pairs: int = 0
+    #: the user of the join that created this generation; "" for records stored before owners
+    owner: str = ""
 
     @property
     def comm(self) -> str:
@@ -135,9 +140,15 @@ def comm_subject_token(comm: str) -> str:
     return comm_token(comm)
 
 
-def aborted_subject(comm: str) -> str:
-    return subject("coord", "comm", comm_subject_token(comm), "aborted")
+def _scoped(owner: str, value: str) -> str:
+    # a communicator's events live in its owner's namespace, the only one the owner's NATS user
+    # may read or write (fireflyer.bus.auth); no owner: the cluster-wide subject
+    return owned(owner, value) if owner else value
 
 
-def telemetry_subject(comm: str) -> str:
-    return subject("coord", "comm", comm_subject_token(comm), "telemetry")
+def aborted_subject(comm: str, owner: str = "") -> str:
+    return _scoped(owner, subject("coord", "comm", comm_subject_token(comm), "aborted"))
+
+
+def telemetry_subject(comm: str, owner: str = "") -> str:
+    return _scoped(owner, subject("coord", "comm", comm_subject_token(comm), "telemetry"))

@@ -50,6 +50,7 @@ from fireflyer.core.errors import (
     FailedPrecondition,
     FireFlyerError,
     NotFound,
+    PermissionDenied,
 )
 
 from .layout import assign_ranks, build_trees, cross_zone_pairs
@@ -134,6 +135,12 @@ class Rendezvous:
         cid = spec.comm
         rec = self.comms.get(cid)
         out = Outcome()
+        if rec is not None and rec.live and rec.owner and spec.owner and spec.owner != rec.owner:
+            # its events go to the owner's NATS namespace: another user may neither join nor supersede it
+            raise PermissionDenied(
+                f"communicator {cid} generation {rec.generation} belongs to user {rec.owner!r}; user "
+                f"{spec.owner!r} cannot join it (use another --job name)", comm=cid, node=spec.node,
+                owner=rec.owner)
         if rec is not None and spec.restart_count < rec.restart_count:
             raise FailedPrecondition(
                 f"node {spec.node} joins {cid} with restart count {spec.restart_count}, but generation "
@@ -146,7 +153,7 @@ class Rendezvous:
         if rec is None or not rec.live:
             rec = CommRecord(job=spec.job, name=spec.name, generation=(rec.generation + 1) if rec else 1,
                              nnodes=spec.nnodes, world_size=spec.world_size, restart_count=spec.restart_count,
-                             expected_nodes=spec.expected_nodes, created_at=now)
+                             expected_nodes=spec.expected_nodes, created_at=now, owner=spec.owner)
             self.comms[cid] = rec
         elif rec.state == FORMING and not rec.members:
             # every earlier joiner gave up (deadline): the next join sets the shape afresh

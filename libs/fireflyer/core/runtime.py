@@ -142,7 +142,7 @@ async def serve(service: Service, *, stop: asyncio.Event | None = None,
 
     bus: Bus | None = None
     if service.uses_bus and settings.nats.url:
-        bus = await Bus.connect(settings.nats, name=instance)
+        bus = await Bus.connect(settings.nats, name=instance, token=settings.token)
     server = RpcServer(settings.rpc, service=name, tokens=tokens, auth_enabled=settings.auth.enabled)
     ctx = ServiceContext(name=name, instance=instance, settings=settings, server=server, bus=bus)
 

@@ -117,9 +117,16 @@ class NatsTelemetry:
     ``submit`` never blocks; ``close`` flushes what is queued (bounded wait).
     """
 
-    def __init__(self, url: str, *, node_rank: int, interval_s: float = 1.0, max_queue: int = 10_000) -> None:
+    def __init__(self, url: str, *, node_rank: int, interval_s: float = 1.0, max_queue: int = 10_000,
+                 token: str | None = None, owner: str = "") -> None:
         self.url = url
         self.node_rank = node_rank
+        #: the cluster credential (FF_TOKEN) this worker connects to NATS with
+        self.token = token
+        #: the job's user: batches go to its namespace (``ff.user.<owner>.coord.v1.comm.*.telemetry``),
+        #: the only place a user's NATS credential may publish; "" = the cluster-wide subject
+        #: (a worker run by a service, or a NATS without auth).  Coord mode sets it from the join.
+        self.owner = owner
         self.interval_s = interval_s
         self.max_queue = max_queue
         self.sent = 0
@@ -156,7 +163,7 @@ class NatsTelemetry:
 
     async def _main(self) -> None:
         from fireflyer.bus.connection import Bus
-        from fireflyer.bus.subjects import subject
+        from fireflyer.bus.subjects import owned, subject
         from fireflyer.core.config import NatsSettings
 
         bus: Any = None
@@ -166,7 +173,8 @@ class NatsTelemetry:
                 batches = self._drain()
                 if batches and bus is None:
                     try:
-                        bus = await Bus.connect(NatsSettings(url=self.url), name=f"hfreduce-worker-{self.node_rank}")
+                        bus = await Bus.connect(NatsSettings(url=self.url), name=f"hfreduce-worker-{self.node_rank}",
+                                                token=self.token)
                     except Exception as e:
                         self.dropped += sum(len(v) for v in batches.values())
                         log.warning("hfreduce.telemetry_connect_failed", url=self.url, error=str(e))
@@ -174,7 +182,8 @@ class NatsTelemetry:
                 for comm, recs in batches.items():
                     ev = TelemetryBatch(comm=comm, node_rank=self.node_rank, records=recs, dropped=self.dropped)
                     try:
-                        await bus.publish(subject("coord", "comm", comm_token(comm), "telemetry"), ev)
+                        subj = subject("coord", "comm", comm_token(comm), "telemetry")
+                        await bus.publish(owned(self.owner, subj) if self.owner else subj, ev)
                         self.sent += len(recs)
                     except Exception as e:
                         self.dropped += len(recs)

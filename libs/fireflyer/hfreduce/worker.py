@@ -106,8 +106,10 @@ class Worker:
         self.threads = self.settings.threads or kernels.default_threads()
         self.engine_slot = threading.Lock()
         self.ring = OpRing(self.settings.status_ring)
+        # NATS takes the cluster credential (FF_TOKEN), never the engines' per-job --token
         self.nats = NatsTelemetry(self.settings.nats_url, node_rank=node_rank,
-                                  interval_s=self.settings.telemetry_interval_s) if self.settings.nats_url else None
+                                  interval_s=self.settings.telemetry_interval_s,
+                                  token=os.environ.get("FF_TOKEN")) if self.settings.nats_url else None
         self._lock = threading.Lock()
         self._comms: dict[str, NodeComm] = {}
         self._generations: dict[str, int] = {}
@@ -434,6 +436,14 @@ def _coord_join(address: str, ns: argparse.Namespace, settings: WorkerSettings) 
     return membership
 
 
+def _owner_of(aborted_subject: str) -> str:
+    from fireflyer.bus.subjects import owner_of
+
+    token = owner_of(aborted_subject)
+    # the subject token spells "." as "~" (fireflyer.bus.subjects.user_token); owned() spells it back
+    return token.replace("~", ".") if token else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fireflyer.hfreduce.worker", description=__doc__.split("\n")[0])
     p.add_argument("--node-rank", type=int, default=None, help="required unless coord assigns it")
@@ -477,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
                             socket_path=ns.socket, peers=peers, zones=zones, settings=settings)
             if membership is not None:
                 worker.coord, membership.on_abort = membership, worker.coord_aborted
+                if worker.nats is not None:  # telemetry goes where coord put the communicator's events
+                    worker.nats.owner = _owner_of(r.aborted_subject)
             worker.start()
         except BaseException:
             if membership is not None:

@@ -75,3 +75,18 @@ def test_parse_round_trips() -> None:
 def test_parse_rejects_foreign_subjects(bad: str) -> None:
     with pytest.raises(InvalidArgument):
         parse(bad)
+
+
+def test_owned_subjects_carry_the_user() -> None:
+    from fireflyer.bus.subjects import owned, owned_pattern, owner_of, strip_owner, user_namespace
+
+    s = owned("bob", subject("coord", "comm", "j1-main", "telemetry"))
+    assert s == "ff.user.bob.coord.v1.comm.j1-main.telemetry"
+    assert owner_of(s) == "bob" and strip_owner(s) == "ff.coord.v1.comm.j1-main.telemetry"
+    assert owner_of("ff.coord.v1.comm.j1-main.telemetry") is None
+    assert owned_pattern(pattern("coord", entity="comm", event="telemetry")) == "ff.user.*.coord.v1.comm.*.telemetry"
+    assert user_namespace("a.b") == "ff.user.a~b"
+    with pytest.raises(InvalidArgument):
+        owned("b>b", "ff.x.v1.a.b.c")
+    with pytest.raises(InvalidArgument):
+        owned("bob", "nats.x")

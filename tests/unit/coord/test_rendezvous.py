@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from fireflyer.coord.model import ABORTED, ACTIVE, ENDED, FORMING, JoinSpec
@@ -191,3 +192,17 @@ def test_restart_counts_members_as_seen_at_load() -> None:
     assert rv2.scan(T0 + 105.5).aborted == [rec]
     g2 = form(rv2, ["n0", "n1"], now=T0 + 105)
     assert g2.generation == 2
+
+
+def test_a_live_communicator_belongs_to_the_user_who_made_it() -> None:
+    from fireflyer.core.errors import PermissionDenied
+
+    rv = Rendezvous()
+    out = rv.join(msgspec.structs.replace(spec("node0"), owner="alice"), T0, T0 + 30)
+    assert out.record is not None and out.record.owner == "alice"
+    with pytest.raises(PermissionDenied, match="belongs to user 'alice'"):
+        rv.join(msgspec.structs.replace(spec("node1"), owner="bob"), T0, T0 + 30)
+    with pytest.raises(PermissionDenied):  # not by superseding it with a higher restart count either
+        rv.join(msgspec.structs.replace(spec("node1", restart=1), owner="bob"), T0, T0 + 30)
+    formed = rv.join(msgspec.structs.replace(spec("node1"), owner="alice"), T0, T0 + 30).formed
+    assert formed is not None and formed.owner == "alice"
