@@ -221,8 +221,20 @@ def test_added_user_connects_and_revoked_one_is_refused_within_seconds(cluster: 
     _poll(lambda: _connects(cluster.nats_url, token.group(1)), "the added user connects to NATS")
     assert "natsbob" in (cluster.state_dir / "nats-auth.conf").read_text()
 
-    revoke = run_ff(["admin", "--state-dir", sd, "users", "revoke", "natsbob"], env=cluster.env, timeout_s=60)
-    assert revoke.returncode == 0, revoke.stdout + revoke.stderr
+    async def revoke_while_connected() -> None:
+        # a connection the user already holds is cut too: nats-server re-checks every open
+        # client against the reloaded users
+        held = await _connect(cluster.nats_url, token.group(1))
+        try:
+            revoke = await asyncio.to_thread(run_ff, ["admin", "--state-dir", sd, "users", "revoke", "natsbob"],
+                                             env=cluster.env, timeout_s=60)
+            assert revoke.returncode == 0, revoke.stdout + revoke.stderr
+            await wait_for(lambda: not held.nc.is_connected, timeout_s=WITHIN_S,
+                           what="the revoked user's open NATS connection is closed")
+        finally:
+            await held.nc.close()
+
+    asyncio.run(revoke_while_connected())
     _poll(lambda: not _connects(cluster.nats_url, token.group(1)), "the revoked user is refused")
     assert _connects(cluster.nats_url, cluster.user_token)  # the others are untouched
 
