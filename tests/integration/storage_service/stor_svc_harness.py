@@ -19,6 +19,7 @@ from fireflyer.mgmt.client import MgmtdClient
 from fireflyer.mgmt.model import PublicState, RoutingInfo
 from fireflyer.rpc import TokenEntry, generate_token, write_tokens_file
 from fireflyer.storage import ChainVersionMismatch, ChunkId, ChunkNotFound, NotServing, ReadReply, ReadReq
+from fireflyer.storage.capability import READ, WRITE, CapabilityCache, Grantor, read_key_file
 from fireflyer.storage.client_min import ConnectionPool, MgmtdRouting, SendLimiter, StorageClient
 from fireflyer.storage.protocol import OP_READ, ReadMsg, split_address, to_meta, wire_address
 from fireflyer.testing.poll import wait_for
@@ -122,8 +123,15 @@ class StorageCluster:
 
         return await wait_for(ok, timeout_s=timeout_s, interval_s=0.05, what=f"target {target} {state}")
 
+    def grants(self, user: str = "alice", *, lifetime_s: float = 600.0) -> CapabilityCache:
+        """Capabilities signed with the nodes' key (``<tmp>/capability.key``), as meta grants them
+        on open: read-write on any inode, for ``user`` (the user token's is alice)."""
+        grantor = Grantor(read_key_file(self.tmp / "capability.key"), lifetime_s=lifetime_s)
+        return CapabilityCache(lambda inode, mode, old: grantor.grant(inode=inode, mode=READ | WRITE, user=user))
+
     def data_client(self, **kw: Any) -> StorageClient:
         assert self.routing_src is not None
+        kw.setdefault("capabilities", self.grants())
         kw.setdefault("request_timeout_s", 1.0)
         kw.setdefault("connect_timeout_s", 0.5)
         c = StorageClient(self.routing_src.get, token=self.user, limiter=kw.pop("limiter", SendLimiter()), **kw)
