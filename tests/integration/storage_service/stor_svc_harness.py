@@ -57,6 +57,7 @@ class StorageCluster:
         self.tmp, self.nats_url, self.tokens_file, self.admin, self.user = tmp, nats_url, tokens_file, admin, user
         #: the storage nodes' credential (user svc-storage, role service), as ff up gives them
         self.service = service
+        self.bob = ""
         self.mgmtd: ServiceProcess | None = None
         self.storage: list[ServiceProcess] = []
         self.client: MgmtdClient | None = None
@@ -178,10 +179,13 @@ class StorageCluster:
 def new_cluster(tmp_path: Path, nats_url: str) -> StorageCluster:
     """A cluster not yet started, with an admin, a user and the storage service's token (tests that
     start it their way)."""
-    admin, user, service = generate_token(), generate_token(), generate_token()
+    admin, user, service, bob = generate_token(), generate_token(), generate_token(), generate_token()
     tokens = write_tokens_file(tmp_path / "tokens.json", [
         TokenEntry(token=admin, user="root-admin", roles=["admin"]),
         TokenEntry(token=user, user="alice", roles=["user"]),
+        TokenEntry(token=bob, user="bob", roles=["user"]),
         TokenEntry(token=service, user="svc-storage", roles=["service"]),
     ])
-    return StorageCluster(tmp_path, nats_url, tokens, admin, user, service)
+    c = StorageCluster(tmp_path, nats_url, tokens, admin, user, service)
+    c.bob = bob  # a second user (capabilities are per user)
+    return c
