@@ -279,7 +279,10 @@ class CapabilityCache:
             if old is not None and old[0].allows(cap.mode) and not cap.allows(old[0].mode) and old[2] > now:
                 return  # keep a live read-write capability over a new read-only one (both are genuine)
             if len(self._caps) >= self.max_entries and cap.inode not in self._caps:
-                self._caps.pop(next(iter(self._caps)))
+                # bounded: drop what expired first (files long closed), else the oldest entry
+                gone = [i for i, (c, _, _) in self._caps.items() if c.expires <= now]
+                for i in gone or [next(iter(self._caps))]:
+                    del self._caps[i]
             self._caps[cap.inode] = (cap, raw, until)
 
     def drop(self, inode: int) -> None:

@@ -162,3 +162,17 @@ def test_key_file_is_private_random_and_read_back(tmp_path: Path) -> None:
     (tmp_path / "rot").write_text(f"{'ab' * 32}\n3 {'cd' * 32}\n")
     k = read_key_file(tmp_path / "rot")
     assert (k.key_id, k.previous) == (4, bytes.fromhex("cd" * 32))
+
+
+def test_cache_is_bounded_dropping_expired_entries_first() -> None:
+    now = [NOW]
+    g = Grantor(KEYS, lifetime_s=10, clock=lambda: now[0])
+    c = CapabilityCache(None, clock=lambda: now[0], max_entries=3)
+    c.put(g.grant(inode=1, mode=READ, user="a"))
+    now[0] += 20  # inode 1's expired
+    for i in (2, 3):
+        c.put(g.grant(inode=i, mode=READ, user="a"))
+    c.put(g.grant(inode=4, mode=READ, user="a"))  # full: the expired one goes, the live ones stay
+    assert c.peek(1) == b"" and all(c.peek(i) for i in (2, 3, 4))
+    c.put(g.grant(inode=5, mode=READ, user="a"))  # full, none expired: the oldest goes
+    assert c.peek(2) == b"" and all(c.peek(i) for i in (3, 4, 5))
