@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno as E
 import os
+import stat
 from collections.abc import Iterator
 
 import pytest
@@ -135,3 +136,9 @@ def test_alice_reads_writes_truncates_and_renews_transparently(ffs: FileSystem,
     assert r.error is None and bytes(r.data) == data[:16]
     ffs.truncate(path, CHUNK + 1)
     assert ffs.read_bytes(path) == data[:CHUNK - 5] + b"#" * 6
+
+
+def test_ff_up_keeps_a_private_capability_key(fs_cluster: LocalCluster) -> None:
+    key = fs_cluster.state_dir / "capability.key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert len(bytes.fromhex(key.read_text().split()[0])) == 32
