@@ -12,9 +12,10 @@ import msgspec
 import pytest
 from stor_svc_harness import CHUNK, StorageCluster
 
-from fireflyer.storage import ChunkId, ReadReq, WriteReq
+from fireflyer.storage import ChunkId, ChunkNotFound, ReadReq, WriteReq
 from fireflyer.storage.capability import READ, WRITE, CapabilityDenied, Grantor, decode, encode, read_key_file
 from fireflyer.storage.checksum import crc32c
+from fireflyer.storage.client_min import StorageClient
 from fireflyer.storage.protocol import (
     OP_BATCH_READ,
     OP_QUERY_LAST,
@@ -61,8 +62,6 @@ async def test_a_user_token_alone_reads_and_writes_nothing(cluster: StorageClust
     """The probe: bob read and overwrote alice's chunk by id with only his user token."""
     await _alice_wrote(cluster)
     assert cluster.routing_src is not None
-    from fireflyer.storage.client_min import StorageClient
-
     for token in (cluster.bob, cluster.admin):  # admins get capabilities from meta like anyone
         bare = StorageClient(cluster.routing_src.get, token=token, request_timeout_s=1.0, retry_deadline_s=2.0)
         cluster.clients.append(bare)
@@ -137,8 +136,6 @@ async def test_the_service_credential_needs_no_capability(cluster: StorageCluste
     with _conn(cluster, routing, chain.head or 0, cluster.service) as c:
         got = await asyncio.to_thread(c.request, OP_REMOVE_RANGE, meta=to_meta(msg))
     assert got.meta["removed"] >= 1
-    from fireflyer.storage import ChunkNotFound
-
     for t in chain.target_ids:
         with pytest.raises(ChunkNotFound):
             await asyncio.to_thread(cluster.read_target, routing, 1, t, ALICE_FILE)  # service pool: no caps
