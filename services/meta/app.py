@@ -12,6 +12,8 @@ Settings (``FF_META_*``, file section ``[meta]``; see :class:`MetaSection`)::
     FF_META_WIRE_PORT     its port (0 = a free one; clients learn it from the Endpoints call)
     FF_MGMTD_ADDR         mgmtd host:port; chain tables then come from its routing info
     FF_META_STATIC_CHAINS chains of the static table used without mgmtd
+    FF_CAPABILITY_KEY_FILE key shared with storage signing chunk capabilities (default <state_dir>/capability.key)
+    FF_META_CAPABILITY_LIFETIME_S how long a granted capability lasts (default 600)
 
 **KV choice.**  In 3FS mgmtd and meta share one FoundationDB cluster.  Here each
 service takes a KV URL: with SQLite (``ff up``'s default) meta keeps its own file
@@ -39,6 +41,7 @@ from fireflyer.core.log import get_logger
 from fireflyer.core.runtime import Service, ServiceContext
 from fireflyer.kv import KV, open_kv
 from fireflyer.meta import ChainTableSource, LayoutPolicy, MetaStore, StaticChainTables
+from fireflyer.storage.capability import Grantor, load_keyring
 
 from .gc import GcSettings, GcWorker, StorageCleaner, TruncatingServicer
 from .routing import RoutingFollower
@@ -91,12 +94,17 @@ class MetaSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     gc_delay_s: float = 300.0
     gc_interval_s: float = 5.0
     truncate_grace_s: float = 30.0
+    #: how long a chunk capability granted on open is good for (clients renew before it ends)
+    capability_lifetime_s: float = 600.0
 
 
 class MetaSettings(ServiceSettings, frozen=True, kw_only=True):
     meta: MetaSection = msgspec.field(default_factory=MetaSection)
     #: mgmtd's address (FF_MGMTD_ADDR); "" = static chain table from settings
     mgmtd_addr: str = ""
+    #: the key shared with the storage nodes that signs chunk capabilities
+    #: (FF_CAPABILITY_KEY_FILE); "" = ``<state_dir>/capability.key`` (``ff up`` writes it)
+    capability_key_file: str = ""
 
 
 def kv_url_for(settings: MetaSettings) -> str:
@@ -127,6 +135,7 @@ class MetaService(Service):
         if s.meta.threads < 0:
             raise SettingsError(f"meta.threads must be >= 0 (0 = auto), got {s.meta.threads}",
                                 key="meta.threads", expected="int >= 0")
+        grantor = Grantor(load_keyring(s.capability_key_file, s.state_dir), lifetime_s=s.meta.capability_lifetime_s)
         root = LayoutPolicy(s.meta.static_table_id, s.meta.root_chunk_size, s.meta.root_stripe_size)
         url = kv_url_for(s)
         local = url.startswith("sqlite:")
@@ -147,7 +156,7 @@ class MetaService(Service):
         await asyncio.get_running_loop().run_in_executor(self.pool, MetaStore.init, self.kv)
         store = MetaStore(self.kv, tables=tables, root_policy=root)
         common: dict[str, Any] = dict(users=s.meta.users, pool=self.pool, inline_reads=inline_reads,
-                                      inline_writes=inline_writes,
+                                      inline_writes=inline_writes, grantor=grantor,
                                       on_unknown_table=self.follower.refresh_now if self.follower else None)
         if s.mgmtd_addr and s.token:  # storage is reachable: truncates and GC reach the chunks
             self.cleaner = StorageCleaner(_storage_factory(s.mgmtd_addr, s.token))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import errno
 import functools
 import os
 from collections.abc import Awaitable, Callable, Mapping
@@ -31,13 +32,15 @@ from typing import Any, TypeVar
 
 from fireflyer.api.meta.v1 import meta_pb2 as pb
 from fireflyer.api.meta.v1 import meta_pb2_grpc
-from fireflyer.core.errors import InvalidArgument, NotFound, Unavailable
+from fireflyer.core.errors import FsError, InvalidArgument, NotFound, Unavailable
 from fireflyer.fs import meta_codec as codec
 from fireflyer.kv import KVWouldBlock
-from fireflyer.meta import Caller, FsInvalidArgument, MetaStore
+from fireflyer.meta import Caller, FileType, FsInvalidArgument, Inode, MetaStore
 from fireflyer.meta.homes import gets_home, home_path, valid_home_name
 from fireflyer.meta.limits import MAX_PATH, check_open_flags, check_path_bytes, check_time
+from fireflyer.meta.perms import R, W, access_for_flags, allowed
 from fireflyer.rpc import current_principal
+from fireflyer.storage.capability import READ, WRITE, CapabilityDenied, Grantor
 
 from .users import UserIds, acts_as_root, ids_for
 
@@ -89,8 +92,11 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     def __init__(self, store: MetaStore, *, users: Mapping[str, UserIds], pool: ThreadPoolExecutor,
                  on_unknown_table: Callable[[], Awaitable[bool]] | None = None, inline_reads: bool = True,
-                 inline_writes: bool = False) -> None:
+                 inline_writes: bool = False, grantor: Grantor | None = None) -> None:
         self.store = store
+        #: signs the chunk capabilities Open/Create return (None: none are granted, and the
+        #: storage nodes then serve this meta's clients nothing; the service always has one)
+        self.grantor = grantor
         self.users = users
         self.pool = pool
         self.on_unknown_table = on_unknown_table
@@ -171,6 +177,48 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
                                   "not answer a refresh", **e.fields) from e
         return await self._write(fn, *args, **kw)
 
+    def _capability(self, caller: Caller, inode: Inode, flags: int, created: bool) -> bytes:
+        """The chunk capability an open grants: read when the caller may read the file, write
+        when it may write it (a file this call created: whatever ``flags`` asked, as POSIX's
+        open with O_CREAT gives a writable descriptor whatever the new mode).  The path's own
+        checks already passed in the store; root-acting callers may do everything."""
+        if self.grantor is None or inode.type is not FileType.FILE:
+            return b""
+        want = access_for_flags(flags) if created else 0
+        mode = (READ if want & R or allowed(caller, inode, R) else 0) | (WRITE if want & W or allowed(caller, inode, W)
+                                                                      else 0)
+        return self.grantor.grant(inode=inode.id, mode=mode, user=caller.user) if mode else b""
+
+    def _opened(self, caller: Caller, inode_id: int, raw: bytes) -> bool:
+        """Whether ``raw`` is a genuine capability granted to ``caller`` for ``inode_id``."""
+        if not raw or self.grantor is None:
+            return False
+        try:
+            self.grantor.check_renewal(raw, inode=inode_id, mode=0, user=caller.user)
+        except CapabilityDenied:
+            return False
+        return True
+
+    async def GrantCapability(self, request: pb.GrantCapabilityRequest, context: Any) -> pb.GrantCapabilityReply:
+        """Renew a capability: the request presents the one it replaces (so only a file that was
+        opened, never a guessed id); the inode's permission bits are checked again, and the new
+        capability allows what they allow of what was asked (a chmod revokes at renewal)."""
+        caller = self._caller()
+        if self.grantor is None:
+            raise Unavailable("this meta replica grants no capabilities (no capability key)")
+        mode = request.mode & (READ | WRITE)
+        if not mode:
+            raise FsInvalidArgument(f"capability mode {request.mode} asks for nothing (READ=1, WRITE=2)",
+                                    mode=request.mode)
+        self.grantor.check_renewal(request.capability, inode=request.inode_id, mode=mode, user=caller.user)
+        inode = await self._read(self.store.inode_by_id, request.inode_id)
+        now = (READ if mode & READ and allowed(caller, inode, R) else 0) | (
+            WRITE if mode & WRITE and allowed(caller, inode, W) else 0)
+        if not now:
+            raise FsError(f"inode {inode.id}: {caller.user or caller.uid} may no longer access the file "
+                          "(its permissions changed since it was opened)", errno=errno.EACCES, inode=inode.id)
+        return pb.GrantCapabilityReply(capability=self.grantor.grant(inode=inode.id, mode=now, user=caller.user))
+
     # -- namespace ----------------------------------------------------------------------
     async def Mkdir(self, request: pb.MkdirRequest, context: Any) -> pb.MkdirReply:
         path = check_path(request.path)
@@ -185,18 +233,22 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         mode = check_mode(request.mode or 0o644, path)
         check_open_flags(request.flags)
         policy = codec.policy_from_pb(request.policy) if request.HasField("policy") else None
-        res = await self._run_layout(self.store.create, self._caller(), path, mode,
+        caller = self._caller()
+        res = await self._run_layout(self.store.create, caller, path, mode,
                                      flags=request.flags | os.O_CREAT, policy=policy, request_id=request_id(request))
-        return pb.OpenReply(inode=codec.inode_to_pb(res.inode), created=res.created)
+        return pb.OpenReply(inode=codec.inode_to_pb(res.inode), created=res.created,
+                            capability=self._capability(caller, res.inode, request.flags, res.created))
 
     async def Open(self, request: pb.OpenRequest, context: Any) -> pb.OpenReply:
         path = check_path(request.path)
         check_open_flags(request.flags)
+        caller = self._caller()
         if request.flags & (os.O_TRUNC | os.O_CREAT):  # may write
-            res = await self._write(self.store.open, self._caller(), path, request.flags)
+            res = await self._write(self.store.open, caller, path, request.flags)
         else:
-            res = await self._read(self.store.open, self._caller(), path, request.flags)
-        return pb.OpenReply(inode=codec.inode_to_pb(res.inode), created=res.created)
+            res = await self._read(self.store.open, caller, path, request.flags)
+        return pb.OpenReply(inode=codec.inode_to_pb(res.inode), created=res.created,
+                            capability=self._capability(caller, res.inode, request.flags, res.created))
 
     async def Stat(self, request: pb.StatRequest, context: Any) -> pb.StatReply:
         path = check_path(request.path)
@@ -204,7 +256,9 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         return pb.StatReply(inode=codec.inode_to_pb(await self._read(fn, self._caller(), path)))
 
     async def StatInode(self, request: pb.StatInodeRequest, context: Any) -> pb.StatReply:
-        inode = await self._read(self.store.stat_inode, self._caller(), request.inode_id)
+        caller = self._caller()
+        inode = await self._read(self.store.stat_inode, caller, request.inode_id,
+                                 opened=self._opened(caller, request.inode_id, request.capability))
         return pb.StatReply(inode=codec.inode_to_pb(inode))
 
     async def Readdir(self, request: pb.ReaddirRequest, context: Any) -> pb.ReaddirReply:

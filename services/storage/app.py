@@ -40,6 +40,7 @@ from fireflyer.mgmt.client import MgmtdClient, RoutingCache
 from fireflyer.rpc import TokenStore
 from fireflyer.rpc.auth import ANONYMOUS_ADMIN
 from fireflyer.storage import ChainVersionMismatch, ChunkStore, Replica, RetryPolicy
+from fireflyer.storage.capability import load_keyring
 from fireflyer.storage.protocol import BatchLimits
 from fireflyer.wire import FrameLimits, ServerRequest, WireServer
 
@@ -118,6 +119,9 @@ class StorageSection(msgspec.Struct, frozen=True, kw_only=True):
 
 class StorageSettings(ServiceSettings, frozen=True, kw_only=True):
     storage: StorageSection = msgspec.field(default_factory=StorageSection)
+    #: the key shared with meta that signs chunk capabilities (FF_CAPABILITY_KEY_FILE); empty:
+    #: ``<state_dir>/capability.key`` (``ff up`` writes it).  Missing: the node does not start
+    capability_key_file: str = ""
     #: mgmtd address(es), FF_MGMTD_ADDR; empty: from <state_dir>/cluster.json
     mgmtd_addr: str = ""
 
@@ -207,6 +211,8 @@ class StorageService(Service):
             raise SettingsError("storage needs its service credential (role service) to register with mgmtd "
                                 "and forward to other storage nodes: set FF_TOKEN (ff up sets svc-storage's)",
                                 key="token", expected="bearer token")
+        # chunk ops of users need meta's capabilities, signed with this shared key
+        keys = load_keyring(settings.capability_key_file, settings.state_dir)
         self.pool = ConnectionPool(token=token, name=node_id, connect_timeout_s=s.connect_timeout_s,
                                    request_timeout_s=s.forward_timeout_s, io_timeout_s=s.forward_timeout_s)
         retry = RetryPolicy(max_attempts=s.forward_max_attempts, base_delay_s=s.forward_base_delay_s,
@@ -268,7 +274,7 @@ class StorageService(Service):
                            grpc_address=lambda: ctx.server.address, fence_after_s=s.fence_after_s)
         holder["node"] = self.node = node
         dataplane = DataPlane(node, forwarder, limits=limits, max_chunk_size=s.max_chunk_size, held=held,
-                              workers=s.io_threads, on_corrupt=lambda rt, cid, e: loops_ref["loops"].on_corrupt(rt, cid, e))
+                              workers=s.io_threads, keys=keys, on_corrupt=lambda rt, cid, e: loops_ref["loops"].on_corrupt(rt, cid, e))
         self.dataplane = dataplane
         wire_port = self.wire.start()
         node.wire_address = f"{s.wire_host}:{wire_port}"

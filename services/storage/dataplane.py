@@ -45,6 +45,7 @@ from fireflyer.storage import (
     crc32c,
     successor_of,
 )
+from fireflyer.storage.capability import READ, WRITE, Keyring, exempt, verify_all
 from fireflyer.storage.chunkread import ChunkRead, read_for_send
 from fireflyer.storage.craq import WRITE_STATES
 from fireflyer.storage.localread import LocalIo, LocalReadReply
@@ -187,8 +188,12 @@ class DataPlane:
     """The :data:`~fireflyer.wire.Handler` of a storage node."""
 
     def __init__(self, node: StorageNode, forwarder: Forwarder, *, limits: BatchLimits, max_chunk_size: int,
-                 held: HeldTransfers, workers: int, on_corrupt: OnCorrupt) -> None:
+                 held: HeldTransfers, workers: int, on_corrupt: OnCorrupt, keys: Keyring,
+                 clock: Callable[[], float] = time.time) -> None:
         self.node = node
+        #: the key shared with meta: checks the capabilities of client chunk ops (:meth:`permit`)
+        self.keys = keys
+        self.clock = clock
         self.forwarder = forwarder
         self.limits = limits
         self.max_chunk_size = max_chunk_size
@@ -232,6 +237,16 @@ class DataPlane:
                                        "storage nodes and meta send it with their service credential",
                                        op=op, user=user)
 
+    def permit(self, principal: object, caps: list[bytes], wants: list[tuple[ChunkId, int]]) -> None:
+        """The one place storage decides whether a chunk op may touch user data: every
+        ``(chunk, READ|WRITE)`` of the request must be covered by a capability meta granted to
+        this principal's user (:func:`~fireflyer.storage.capability.verify_all`), else the whole
+        request is refused (``CapabilityDenied``, EACCES).  Role ``service`` (meta's cleaner,
+        forwarding, resync) is exempt; admins are not (meta grants them capabilities)."""
+        if exempt(principal):
+            return
+        verify_all(self.keys, caps, user=str(getattr(principal, "user", principal)), wants=wants, now=self.clock())
+
     # -- validation -------------------------------------------------------------------
 
     def _check_write(self, offset: int, length: int, chunk_size: int, cid: ChunkId) -> None:
@@ -273,6 +288,7 @@ class DataPlane:
     def _write(self, req: ServerRequest) -> None:
         msg = from_meta(req.meta, WriteMsg)
         w = msg.req
+        self.permit(req.principal, msg.caps, [(w.chunk_id, WRITE)])
         self._check_write(w.offset, w.length, w.chunk_size, w.chunk_id)
         if req.size != w.length:
             raise BadRequest(f"write payload has {req.size} bytes, header says {w.length}", length=w.length)
@@ -284,6 +300,7 @@ class DataPlane:
         msg = from_meta(req.meta, BatchWriteMsg)
         total = sum(max(0, m.req.length) for m in msg.ios)
         self.limits.check(len(msg.ios), req.size, "write")
+        self.permit(req.principal, msg.caps, [(m.req.chunk_id, WRITE) for m in msg.ios])
         if total != req.size:
             raise BadRequest(f"batch write payload has {req.size} bytes, headers say {total}", bytes=req.size)
         for m in msg.ios:
@@ -346,7 +363,9 @@ class DataPlane:
         return reply, data
 
     def _read(self, req: ServerRequest) -> None:
-        reply, data = self._read_one(from_meta(req.meta, ReadMsg))
+        msg = from_meta(req.meta, ReadMsg)
+        self.permit(req.principal, msg.caps, [(msg.req.chunk_id, READ)])
+        reply, data = self._read_one(msg)
         req.reply(data, meta=msgspec.to_builtins(reply))
 
     def _prepare_one(self, msg: ReadMsg) -> tuple[IoResult, ChunkRead | None]:
@@ -371,6 +390,7 @@ class DataPlane:
     def _batch_read(self, req: ServerRequest) -> None:
         msg = from_meta(req.meta, BatchReadMsg)
         self.limits.check(len(msg.ios), 0, "read")
+        self.permit(req.principal, msg.caps, [(m.req.chunk_id, READ) for m in msg.ios])
         # partial (and small) reads go to disk here: in parallel when several
         if len(msg.ios) > 1:
             done = list(self._pool.map(self._prepare_one, msg.ios))
@@ -402,12 +422,15 @@ class DataPlane:
             self.held.grant_finished()
             transfer.close()
 
-    def open_local(self, principal: object, msgs: list[ReadMsg]) -> tuple[LocalReadReply, list[BinaryIO]]:
+    def open_local(self, principal: object, msgs: list[ReadMsg],
+                   caps: list[bytes]) -> tuple[LocalReadReply, list[BinaryIO]]:
         """A short-circuit local read (:mod:`fireflyer.storage.localread`): authorized as a
-        ``stor.batch_read`` and checked per I/O exactly as one, but answered with the open
-        version files (whose descriptors go to the client) instead of their bytes."""
+        ``stor.batch_read`` (capabilities included) and checked per I/O exactly as one, but
+        answered with the open version files (whose descriptors go to the client) instead of
+        their bytes."""
         self.authorize(OP_BATCH_READ, principal)
         self.limits.check(len(msgs), 0, "read")
+        self.permit(principal, caps, [(m.req.chunk_id, READ) for m in msgs])
         files: list[BinaryIO] = []
         by_chunk: dict[tuple[int, ChunkId, bool], tuple[int, int, int, int, bool]] = {}
         results: list[LocalIo] = []
@@ -477,6 +500,7 @@ class DataPlane:
         """A client's bytes failed their CRC: verify the chunk here; only a confirmed bad copy
         is marked corrupted and reported (bytes damaged in flight leave a good copy alone)."""
         msg = from_meta(req.meta, CorruptReport)
+        self.permit(req.principal, msg.caps, [(msg.chunk_id, READ)])
         rt = self.node.target(msg.target)
         if msg.chunk_id in rt.corrupted:
             req.reply(meta={"corrupted": True})
@@ -498,6 +522,8 @@ class DataPlane:
 
     def _query_last(self, req: ServerRequest) -> None:
         msg = from_meta(req.meta, QueryLastMsg)
+        # the file's last chunk is its length: reading it needs read access to the file
+        self.permit(req.principal, msg.caps, [(ChunkId(msg.inode, 0, 0), READ)])
         rt = self.node.target(msg.target)
         self._chain_at(rt, msg.chain_id, msg.chain_ver, (PublicState.SERVING,))
         got = rt.store.query_last_chunk(msg.inode, msg.track)

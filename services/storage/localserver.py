@@ -40,7 +40,7 @@ __all__ = ["LocalReadServer"]
 log = get_logger(__name__)
 
 #: (principal, I/Os) -> the reply and the open files its descriptors refer to (closed here after sending)
-OpenLocal = Callable[[Any, list[ReadMsg]], tuple[LocalReadReply, list[BinaryIO]]]
+OpenLocal = Callable[[Any, list[ReadMsg], list[bytes]], tuple[LocalReadReply, list[BinaryIO]]]
 
 
 class LocalReadServer:
@@ -155,7 +155,7 @@ class LocalReadServer:
                 # never log the token itself
                 log.warning("storage.local_reads_rejected", reason="bad_token")
                 raise Unauthenticated(f"local read request rejected by {self.name}: invalid or expired token")
-            return self.open_local(principal, req.ios)
+            return self.open_local(principal, req.ios, req.caps)
         except FireFlyerError as e:
             return LocalReadReply(error=e.to_dict()), []
         except Exception as e:  # answer, never kill the connection thread

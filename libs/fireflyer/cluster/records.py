@@ -112,6 +112,11 @@ class StatePaths:
         return self.root / "tokens.json"
 
     @property
+    def capability_key(self) -> Path:
+        """The key meta and the storage nodes share to sign chunk capabilities (0600)."""
+        return self.root / "capability.key"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 

@@ -36,6 +36,7 @@ from rich.console import Console
 
 from fireflyer.core.errors import DeadlineExceeded, FailedPrecondition, FireFlyerError, Unavailable
 from fireflyer.core.log import get_logger
+from fireflyer.storage.capability import write_key_file
 
 from . import report
 from .config import ClusterConfig, load_cluster_config
@@ -200,6 +201,8 @@ def _service_env(base: Mapping[str, str], *, paths: StatePaths, nats_url: str, p
         # the service's own credential (svc-<name>, role service), never the admin's: a peer it
         # calls is trusted with this token only, and mgmtd binds the nodes it registers to it
         "FF_TOKEN": service_token,
+        # meta signs chunk capabilities with it, storage checks them (fireflyer.storage.capability)
+        "FF_CAPABILITY_KEY_FILE": str(paths.capability_key),
         "FF_TELEMETRY_SPAN_FILE": str(paths.spans),
         "FF_LOG_FORMAT": "json",
         # a service's log must reach the file as it happens, not when a buffer fills
@@ -346,6 +349,7 @@ def up(*, config_path: Path, state_dir: Path, env: Mapping[str, str], cwd: Path,
             remove_record(paths)
         paths.make()
         tokens = ensure_tokens(paths.tokens, services=[s.name for s in cfg.service])
+        write_key_file(paths.capability_key)  # kept for the state dir's life, like the tokens
 
         nats: NatsRecord | None = None
         started: list[_Started] = []

@@ -36,6 +36,7 @@ import msgspec
 
 from fireflyer.core.errors import FireFlyerError, NotFound, Unavailable
 from fireflyer.meta import Layout
+from fireflyer.storage.capability import WRITE
 from fireflyer.storage.checksum import crc32c
 from fireflyer.storage.chunkid import ChunkId, split_range
 from fireflyer.storage.client_min import ReadIo, StorageClient
@@ -147,6 +148,10 @@ def write_pieces(storage: StorageClient, pool: ThreadPoolExecutor, pieces: Seque
 
         def send(batch: tuple[str, list[tuple[int, int]]]) -> list[tuple[int, FireFlyerError | None]]:
             addr, items = batch
+            try:  # meta's capabilities for the batch's files (renewed here when near expiry)
+                caps = storage.caps_for((pieces[i].chunk_id.inode for i, _ in items), WRITE)
+            except FireFlyerError as e:
+                return [(i, e) for i, _ in items]
             msgs = []
             for i, head in items:
                 p = pieces[i]
@@ -158,7 +163,7 @@ def write_pieces(storage: StorageClient, pool: ThreadPoolExecutor, pieces: Seque
             if len(msgs) == 1 and msgs[0].req.length > storage.limits.max_bytes:
                 try:
                     reply = storage._call(addr, OP_WRITE, pieces[items[0][0]].data,
-                                          meta=to_meta(msgs[0]))
+                                          meta=to_meta(msgspec.structs.replace(msgs[0], caps=caps)))
                     msgspec.convert(reply.meta, WriteAck)
                 except FireFlyerError as e:
                     return [(items[0][0], e)]
@@ -166,7 +171,7 @@ def write_pieces(storage: StorageClient, pool: ThreadPoolExecutor, pieces: Seque
             # one piece goes as it is (a view of the caller's buffer); several are joined (one copy)
             payload = pieces[items[0][0]].data if len(items) == 1 else b"".join(pieces[i].data for i, _ in items)
             try:
-                reply = storage._call(addr, OP_BATCH_WRITE, payload or None, meta=to_meta(BatchWriteMsg(ios=msgs)))
+                reply = storage._call(addr, OP_BATCH_WRITE, payload or None, meta=to_meta(BatchWriteMsg(ios=msgs, caps=caps)))
             except FireFlyerError as e:
                 return [(i, e) for i, _ in items]
             res = msgspec.convert(reply.meta, BatchWriteReply).results
@@ -175,7 +180,10 @@ def write_pieces(storage: StorageClient, pool: ThreadPoolExecutor, pieces: Seque
         for fut in [pool.submit(send, b) for b in batches]:
             for i, err in fut.result():
                 results[i] = err
-                if isinstance(err, RETRY_AFTER_REFRESH):
+                if not attempt and storage.expired(err, pieces[i].chunk_id.inode):
+                    retry.append(i)  # renewed on the next try
+                    last = err
+                elif isinstance(err, RETRY_AFTER_REFRESH):
                     retry.append(i)
                     last = err
         if not retry:

@@ -47,6 +47,7 @@ from fireflyer.core.errors import FireFlyerError, FsError, InvalidArgument
 from fireflyer.core.settings import load_settings
 from fireflyer.meta import DirEntry, FileType, Inode, Layout, LayoutPolicy
 from fireflyer.meta.limits import check_file_size
+from fireflyer.storage.capability import CapabilityCache, CapabilityDenied
 from fireflyer.storage.client_min import MgmtdRouting, StorageClient
 
 from . import batch as _batch
@@ -158,10 +159,14 @@ class FileSystem:
         self._thread.start()
         self.meta: MetaClient = self._call(MetaClient.connect(list(meta), token, failover_timeout_s=s.meta_timeout_s))
         self._routing = MgmtdRouting(list(mgmtd), token=token, timeout_s=s.request_timeout_s)
+        #: meta's chunk capabilities of the files this client opened; every chunk op carries
+        #: its file's, renewed through meta before it expires (users never see them)
+        self.capabilities = CapabilityCache(self._renew_capability)
         try:
             self.storage = StorageClient(self._routing.get, token=token, request_timeout_s=s.request_timeout_s,
                                          connect_timeout_s=s.connect_timeout_s, retry_deadline_s=s.retry_deadline_s,
-                                         max_parallel=s.max_parallel, local_reads=s.local_reads)
+                                         max_parallel=s.max_parallel, local_reads=s.local_reads,
+                                         capabilities=self.capabilities)
         except BaseException:
             self._routing.close()
             raise
@@ -225,7 +230,14 @@ class FileSystem:
         return self._with_local_length(self._call(self.meta.lstat(path)))
 
     def _stat_inode(self, inode_id: int) -> Inode:
-        return self._call(self.meta.stat_inode(inode_id))
+        # another user's file (opened by path) is stat-able by id with its capability
+        return self._call(self.meta.stat_inode(inode_id, self.capabilities.peek(inode_id)))
+
+    def _renew_capability(self, inode_id: int, mode: int, old: bytes | None) -> bytes:
+        if old is None:
+            raise CapabilityDenied(f"no capability for inode {inode_id}: open the file first", reason="missing",
+                                   inode=inode_id)
+        return self._call(self.meta.grant_capability(inode_id, mode, old))
 
     def exists(self, path: str) -> bool:
         try:
@@ -349,9 +361,11 @@ class FileSystem:
         if binary and encoding is not None:
             raise InvalidArgument("binary mode takes no encoding", mode=mode)
         if flags & os.O_CREAT:
-            inode = self._call(self.meta.create(path, create_mode, flags=flags, policy=policy)).inode
+            res = self._call(self.meta.create(path, create_mode, flags=flags, policy=policy))
         else:
-            inode = self._call(self.meta.open(path, flags)).inode
+            res = self._call(self.meta.open(path, flags))
+        inode = res.inode
+        self.capabilities.put(res.capability)
         if inode.type is FileType.DIR:
             raise FsError("is a directory", errno=E.EISDIR, path=path)
         if inode.layout is None:
@@ -426,7 +440,10 @@ class FileSystem:
     def _exact_length(self, layout: Layout, inode_id: int) -> int | None:
         if not self._exact_allowed:
             return None
-        got = exact_length(self.storage, layout, inode_id)
+        try:
+            got = exact_length(self.storage, layout, inode_id)
+        except (CapabilityDenied, FsError):
+            return None  # no read access to this file (write-only): the handle's own end is used
         if got is None:
             self._exact_allowed = False  # a user token: stor.query_last is admin-only
         return got
@@ -437,7 +454,9 @@ class FileSystem:
         paths = sorted({t for t in targets if isinstance(t, str)})
 
         async def one(p: str) -> Inode:
-            return (await self.meta.open(p, flags)).inode
+            res = await self.meta.open(p, flags)
+            self.capabilities.put(res.capability)
+            return res.inode
 
         async def all_() -> list[Inode | BaseException]:
             return await asyncio.gather(*(one(p) for p in paths), return_exceptions=True)

@@ -15,9 +15,9 @@ Meta has no RPC that *sets* a smaller exact length, and must not have one for th
 a file extended by ``truncate`` has no chunk at its end, so the storage view is
 legitimately shorter than the inode.  The close path therefore only ever raises the
 length (``ReportLength`` adopts larger values); shrinking is ``Truncate``.
-``stor.query_last`` is an admin op in the storage service today; with a user token
-the close falls back to the handle's own highest written end (exact for one writer)
-and remembers not to ask again.
+``stor.query_last`` needs a read capability for the file (a write-only handle has
+none: its close then uses the handle's own highest written end, exact for one writer);
+a storage service refusing the op to every user makes the client stop asking.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import msgspec
 from fireflyer.core.errors import FireFlyerError, PermissionDenied
 from fireflyer.core.log import get_logger
 from fireflyer.meta import Layout
+from fireflyer.storage.capability import READ, CapabilityDenied
 from fireflyer.storage.client_min import StorageClient
 from fireflyer.storage.errors import RETRY_AFTER_REFRESH, NotServing
 from fireflyer.storage.protocol import OP_QUERY_LAST, LastChunk, QueryLastMsg, to_meta
@@ -75,11 +76,13 @@ def _last_on_chain(storage: StorageClient, chain_id: int, inode_id: int) -> Last
 
 def _query_last(storage: StorageClient, chain_id: int, inode_id: int) -> LastChunk:
     chain = storage.chain(chain_id)
+    caps = storage.caps_for((inode_id,), READ)
     err: FireFlyerError | None = None
     for target in reversed(list(chain.serving())):  # the tail first: it commits first
         try:
             _, addr = storage.address(target)
-            msg = QueryLastMsg(target=target, chain_id=chain_id, chain_ver=chain.version, inode=inode_id, track=0)
+            msg = QueryLastMsg(target=target, chain_id=chain_id, chain_ver=chain.version, inode=inode_id, track=0,
+                               caps=caps)
             reply = storage._call(addr, OP_QUERY_LAST, meta=to_meta(msg))
             return msgspec.convert(reply.meta, LastChunk)
         except PermissionDenied:
@@ -95,6 +98,8 @@ def exact_length(storage: StorageClient, layout: Layout, inode_id: int) -> int |
     for chain_id in dict.fromkeys(layout.chains):
         try:
             last = _last_on_chain(storage, chain_id, inode_id)
+        except CapabilityDenied:
+            raise  # this file's access, not the op: the caller falls back for this file only
         except PermissionDenied:
             return None
         if last.chunk_id is not None:

@@ -327,11 +327,11 @@ class MetaClient:
         if policy is not None:
             req.policy.CopyFrom(codec.policy_to_pb(policy))
         reply = await self._call("Create", req)
-        return OpenResult(inode=codec.inode_from_pb(reply.inode), created=reply.created)
+        return OpenResult(inode=codec.inode_from_pb(reply.inode), created=reply.created, capability=reply.capability)
 
     async def open(self, path: str, flags: int = os.O_RDONLY) -> OpenResult:
         reply = await self._call("Open", pb.OpenRequest(path=await self.abspath(path), flags=flags))
-        return OpenResult(inode=codec.inode_from_pb(reply.inode), created=reply.created)
+        return OpenResult(inode=codec.inode_from_pb(reply.inode), created=reply.created, capability=reply.capability)
 
     async def stat(self, path: str) -> Inode:
         return codec.inode_from_pb((await self._call("Stat", pb.StatRequest(path=await self.abspath(path), follow=True))).inode)
@@ -339,8 +339,15 @@ class MetaClient:
     async def lstat(self, path: str) -> Inode:
         return codec.inode_from_pb((await self._call("Stat", pb.StatRequest(path=await self.abspath(path), follow=False))).inode)
 
-    async def stat_inode(self, inode_id: int) -> Inode:
-        return codec.inode_from_pb((await self._call("StatInode", pb.StatInodeRequest(inode_id=inode_id))).inode)
+    async def stat_inode(self, inode_id: int, capability: bytes = b"") -> Inode:
+        """An inode by id; another user's file needs the ``capability`` its open returned."""
+        req = pb.StatInodeRequest(inode_id=inode_id, capability=capability)
+        return codec.inode_from_pb((await self._call("StatInode", req)).inode)
+
+    async def grant_capability(self, inode_id: int, mode: int, capability: bytes) -> bytes:
+        """Renew ``capability`` (encoded) for ``mode`` (READ=1 | WRITE=2) on ``inode_id``."""
+        req = pb.GrantCapabilityRequest(inode_id=inode_id, mode=mode, capability=capability)
+        return bytes((await self._call("GrantCapability", req)).capability)
 
     async def readdir(self, path: str, *, after: str = "", limit: int = 0) -> ReaddirPage:
         """One page (``limit`` 0: the server's default of 128)."""

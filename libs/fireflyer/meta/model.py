@@ -161,6 +161,9 @@ class ReaddirPage(msgspec.Struct, frozen=True):
 class OpenResult(msgspec.Struct, frozen=True):
     inode: Inode
     created: bool
+    #: the file's chunk capability from the meta service (``fireflyer.storage.capability``,
+    #: encoded; empty from the library store and for directories)
+    capability: bytes = b""
 
 
 class StatFs(msgspec.Struct, frozen=True):

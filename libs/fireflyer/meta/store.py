@@ -505,13 +505,46 @@ class MetaStore:
             write=False,
         )
 
-    def stat_inode(self, who: Caller, inode_id: int) -> Inode:
-        """An inode by id (ENOENT if gone).  No permission check: like an NFS handle,
-        holding the id is the capability; contents are guarded by ``open``."""
+    def stat_inode(self, who: Caller, inode_id: int, *, opened: bool = False) -> Inode:
+        """An inode by id (ENOENT if gone), with the permission reaching it would need.
+
+        Files keep no parent pointer (hard links give them several), so the path to one is
+        unknown here; the rule is: root and the owner
+        always; a directory when every directory from the root down to its parent is
+        searchable (x), as a path lookup would need; another user's file only when the
+        caller ``opened`` it (the servicer checked a chunk capability meta granted to this
+        caller for this inode), since its open already passed the path's checks.  Else
+        EACCES: an inode id guessed or scanned reveals nothing."""
         _check_len(inode_id, "inode id")
 
         def fn(txn: Txn) -> Inode:
-            got = Walker(txn, who, snapshot=True).inode(inode_id)
+            w = Walker(txn, who, snapshot=True)
+            got = w.inode(inode_id)
+            if got is None:
+                raise FsError(f"no inode {inode_id}", errno=E.ENOENT, inode=inode_id)
+            if owns(who, got) or opened:
+                return got
+            if got.type is FileType.DIR:
+                cur = got
+                while cur.id != ROOT_ID:
+                    parent = w.must_inode(cur.parent)
+                    if not allowed(who, parent, X):
+                        break
+                    cur = parent
+                else:
+                    return got
+            raise FsError(f"stat of inode {inode_id} by id refused to {who.user or who.uid}: not its owner, "
+                          "and the path to it is not searchable by you (a file: open it by path first)",
+                          errno=E.EACCES, inode=inode_id)
+
+        return self._run(fn, write=False)
+
+    def inode_by_id(self, inode_id: int) -> Inode:
+        """An inode by id without any permission check (callers check: a capability renewal)."""
+        _check_len(inode_id, "inode id")
+
+        def fn(txn: Txn) -> Inode:
+            got = Walker(txn, Caller(0, 0, admin=True), snapshot=True).inode(inode_id)
             if got is None:
                 raise FsError(f"no inode {inode_id}", errno=E.ENOENT, inode=inode_id)
             return got
@@ -549,6 +582,11 @@ class MetaStore:
             inode = w.resolve(src, follow_last=False)
             if inode.type is not FileType.FILE:
                 raise fs_error(E.EPERM, "hard links are allowed to regular files only", existing)
+            if not owns(who, inode) and not allowed(who, inode, R | W):
+                # Linux protected_hardlinks: a link to someone else's file you cannot read and
+                # write would pin it (quota, a later chmod, a setuid trap) in a place you control
+                raise fs_error(E.EPERM, "hard link to a file you neither own nor may read and write "
+                               "(protected hardlinks)", existing)
             w.path = new
             parent, name = w.parent_of(dst, E.EEXIST)
             if w.entry(parent.id, name) is not None:

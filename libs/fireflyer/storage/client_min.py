@@ -54,7 +54,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -71,6 +71,7 @@ from fireflyer.core.log import get_logger
 from fireflyer.mgmt.model import Chain, RoutingInfo
 from fireflyer.wire import Connection, Reply
 
+from .capability import READ, WRITE, CapabilityCache, CapabilityDenied
 from .checksum import crc32c
 from .chunkid import ChunkId, split_range
 from .craq import ReadReq, WriteAck, WriteReq
@@ -259,8 +260,12 @@ class StorageClient:
     def __init__(self, routing: Callable[[], RoutingInfo], *, token: str, client_id: str = "",
                  limiter: SendLimiter | None = None, limits: BatchLimits = BatchLimits(),
                  request_timeout_s: float = 5.0, connect_timeout_s: float = 2.0, retry_deadline_s: float = 20.0,
-                 avoid_s: float = 2.0, max_parallel: int = 32, local_reads: bool | None = None) -> None:
+                 avoid_s: float = 2.0, max_parallel: int = 32, local_reads: bool | None = None,
+                 capabilities: CapabilityCache | None = None) -> None:
         self._routing_fn = routing
+        #: meta's capabilities for the files this client touches, attached to every chunk op
+        #: (None: none sent; only a service principal's ops are then served)
+        self.capabilities = capabilities
         self.routing = routing()
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self.limiter = limiter or SendLimiter()
@@ -333,6 +338,19 @@ class StorageClient:
         with contextlib.suppress(FireFlyerError):
             self.refresh()
 
+    def caps_for(self, inodes: Iterable[int], mode: int) -> list[bytes]:
+        """The encoded capabilities to send with a request touching ``inodes`` (renewed as needed)."""
+        if self.capabilities is None:
+            return []
+        return self.capabilities.for_inodes(inodes, mode)
+
+    def expired(self, err: BaseException | None, inode: int) -> bool:
+        """Whether ``err`` is a storage node's "capability expired": then it is renewed on next use."""
+        if isinstance(err, CapabilityDenied) and err.fields.get("reason") == "expired" and self.capabilities:
+            self.capabilities.stale(inode)
+            return True
+        return False
+
     # -- writes ---------------------------------------------------------------------------
 
     def _channel(self) -> int:
@@ -358,11 +376,15 @@ class StorageClient:
                                length=len(data), chunk_size=chunk_size, payload_crc=crc, client_id=self.client_id,
                                channel=channel, seq=seq)
                 _, addr = self.address(chain.head)
+                caps = self.caps_for((chunk_id.inode,), WRITE)
                 reply = self._call(addr, OP_WRITE, data if len(data) else None,
-                                   meta=to_meta(WriteMsg(target=chain.head, req=req)))
+                                   meta=to_meta(WriteMsg(target=chain.head, req=req, caps=caps)))
                 return msgspec.convert(reply.meta, WriteAck)
             except RETRY_AFTER_REFRESH as e:
                 self._backoff(attempt, deadline, e)
+            except CapabilityDenied as e:
+                if not self.expired(e, chunk_id.inode) or attempt:
+                    raise
         raise AssertionError("unreachable")
 
     def write_range(self, inode: int, offset: int, data: Buffer, chunk_size: int, *,
@@ -430,7 +452,10 @@ class StorageClient:
             here = self._run_batch(batches[-1], ios, into) if batches else []
             for done in [*(f.result() for f in futs), here]:
                 for i, res in done:
-                    if res.error is not None and isinstance(res.error, retryable):
+                    if not attempt and self.expired(res.error, ios[i].chunk_id.inode):
+                        results[i], last = res, res.error  # renewed on the next try
+                        retry.append(i)
+                    elif res.error is not None and isinstance(res.error, retryable):
                         if not isinstance(res.error, NotCommitted):
                             tried[i].add(res.target)
                         results[i], last = res, res.error
@@ -526,10 +551,11 @@ class StorageClient:
         node, addr, items = batch
         try:
             msgs = self._read_msgs(items, ios)
+            caps = self.caps_for((ios[i].chunk_id.inode for i, _ in items), READ)
         except FireFlyerError as e:
             return [(i, ReadResult(error=e, target=t)) for i, t in items]
         try:
-            reply, fds = self._shortcut.open(path, msgs)
+            reply, fds = self._shortcut.open(path, msgs, caps)
         except LocalPathBroken as e:
             if e.fields.get("connect"):  # no server there (stopped, not yet up): network for a while
                 self._local_off[node] = time.monotonic() + self.avoid_s
@@ -550,7 +576,7 @@ class StorageClient:
                 for (i, t), r in zip(items, reply.results, strict=True):
                     res = self._local_result(r, t, fds, None if into is None else into[i])
                     if isinstance(res.error, ChunkCorrupted) and r.error is None:
-                        self._report_corrupt(addr, t, ios[i].chunk_id, r.version)
+                        self._report_corrupt(addr, t, ios[i].chunk_id, r.version, caps)
                     nbytes += len(res.data)
                     out.append((i, res))
             self.read_stats.add(local_ios=len(items), local_bytes=nbytes)
@@ -610,12 +636,16 @@ class StorageClient:
     def _net_batch(self, batch: tuple[str, str, list[tuple[int, int]]], ios: Sequence[ReadIo],
                    into: Sequence[memoryview] | None) -> list[tuple[int, ReadResult]]:
         node, addr, items = batch
-        msgs = self._read_msgs(items, ios)
-        if into is not None and len(items) == 1:
-            return self._one_read(node, addr, items[0], msgs, into[items[0][0]])
         try:
-            ready = msgspec.convert(self._call(addr, OP_BATCH_READ, meta=to_meta(BatchReadMsg(ios=msgs))).meta,
-                                    BatchReadReady)
+            msgs = self._read_msgs(items, ios)
+            caps = self.caps_for((ios[i].chunk_id.inode for i, _ in items), READ)
+        except FireFlyerError as e:
+            return [(i, ReadResult(error=e, target=t)) for i, t in items]
+        if into is not None and len(items) == 1:
+            return self._one_read(node, addr, items[0], msgs, caps, into[items[0][0]])
+        try:
+            ready = msgspec.convert(
+                self._call(addr, OP_BATCH_READ, meta=to_meta(BatchReadMsg(ios=msgs, caps=caps))).meta, BatchReadReady)
             lengths = [r.length if r.error is None else 0 for r in ready.results]
             # the payload lands in the caller's buffers: one I/O straight into its buffer, several
             # scattered over theirs (the server sends them back to back); a scratch buffer only
@@ -644,18 +674,19 @@ class StorageClient:
             dest = None if into is None else into[i]
             res = self._result(r, t, datas[k], dest, direct)
             if isinstance(res.error, ChunkCorrupted) and r.error is None:
-                self._report_corrupt(addr, t, ios[i].chunk_id, r.version)
+                self._report_corrupt(addr, t, ios[i].chunk_id, r.version, caps)
             out.append((i, res))
         return out
 
-    def _one_read(self, node: str, addr: str, item: tuple[int, int], msgs: list[ReadMsg],
+    def _one_read(self, node: str, addr: str, item: tuple[int, int], msgs: list[ReadMsg], caps: list[bytes],
                   dest: memoryview) -> list[tuple[int, ReadResult]]:
         """A batch of one I/O into its buffer: the send token is taken first and goes with the
         request (``send=True``), so the data comes with the statuses: one round trip, not two."""
         i, t = item
         try:
             with self.limiter.token(node):
-                reply = self._call(addr, OP_BATCH_READ, meta=to_meta(BatchReadMsg(ios=msgs, send=True)), into=[dest])
+                reply = self._call(addr, OP_BATCH_READ, meta=to_meta(BatchReadMsg(ios=msgs, send=True, caps=caps)),
+                                   into=[dest])
                 ready = msgspec.convert(reply.meta, BatchReadReady)
                 if ready.xfer:  # a server from before ``send``: it held the data; grant as always
                     reply = self._call(addr, OP_RTS_GRANT, meta=to_meta(RtsGrant(xfer=ready.xfer)), into=[dest])
@@ -664,15 +695,16 @@ class StorageClient:
         [r] = ready.results
         res = self._result(r, t, reply.parts[0], dest, True)
         if isinstance(res.error, ChunkCorrupted) and r.error is None:
-            self._report_corrupt(addr, t, msgs[0].req.chunk_id, r.version)
+            self._report_corrupt(addr, t, msgs[0].req.chunk_id, r.version, caps)
         return [(i, res)]
 
-    def _report_corrupt(self, address: str, target: int, chunk_id: ChunkId, version: int) -> None:
+    def _report_corrupt(self, address: str, target: int, chunk_id: ChunkId, version: int,
+                        caps: list[bytes]) -> None:
         """Tell the replica its bytes failed their CRC here (it verifies the chunk before acting):
         whole-chunk reads are sent from disk unhashed, so the reader is who finds a bad copy."""
         with contextlib.suppress(FireFlyerError):
             self._call(address, OP_REPORT_CORRUPT,
-                       meta=to_meta(CorruptReport(target=target, chunk_id=chunk_id, version=version)))
+                       meta=to_meta(CorruptReport(target=target, chunk_id=chunk_id, version=version, caps=caps)))
 
     @staticmethod
     def _result(r: IoResult, target: int, data: memoryview, dest: memoryview | None, landed: bool) -> ReadResult:

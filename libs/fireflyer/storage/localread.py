@@ -81,6 +81,8 @@ _SUN_PATH_MAX = 107
 class LocalReadRequest(msgspec.Struct, frozen=True, kw_only=True):
     token: str
     ios: list[ReadMsg]
+    #: capabilities covering every I/O's chunk (:mod:`.capability`), as in ``stor.batch_read``
+    caps: list[bytes] = []
 
 
 class LocalIo(msgspec.Struct, frozen=True, kw_only=True):
@@ -253,13 +255,13 @@ class LocalReadClient:
         for s in socks:
             s.close()
 
-    def open(self, path: str, ios: Sequence[ReadMsg]) -> tuple[LocalReadReply, list[int]]:
+    def open(self, path: str, ios: Sequence[ReadMsg], caps: Sequence[bytes] = ()) -> tuple[LocalReadReply, list[int]]:
         """One round trip: the reply and the descriptors it carried (the caller closes them).
 
         Raises :class:`LocalPathBroken` for transport failures (after retrying once on a
         fresh connection when a pooled one turned out dead), :class:`DeadlineExceeded`
         when the node does not answer in ``timeout_s``."""
-        data = encode(LocalReadRequest(token=self.token, ios=list(ios)))
+        data = encode(LocalReadRequest(token=self.token, ios=list(ios), caps=list(caps)))
         for attempt in (0, 1):
             sock, pooled = self._take(path)
             try:

@@ -65,7 +65,10 @@ Writes need no token: the client is the sender and paces itself.  Batches are bo
 by :class:`BatchLimits` (default 128 I/Os or 4 MiB of payload) on both sides; a larger
 batch is refused whole (``BadRequest``), nothing applied.
 
-**Authorization.**  Client ops need the ``user`` role; chain-internal and maintenance
+**Authorization.**  Client chunk ops (write, batch_write, read, batch_read, query_last,
+report_corrupt and local reads) need the ``user`` role *and* a capability from meta
+covering each chunk's inode, index and access (``caps``; :mod:`.capability`), unless
+the caller has role ``service``.  Chain-internal and maintenance
 ops (update, dump_meta, sync_*, remove_range) need ``service``: storage nodes and meta send
 them with their own service credential (``FF_TOKEN`` from ``ff up``).  Whom a token is sent
 to at all: :func:`trusted_peer`.
@@ -177,15 +180,20 @@ class BatchLimits(msgspec.Struct, frozen=True, kw_only=True):
             )  # fmt: skip
 
 
-class WriteMsg(msgspec.Struct, frozen=True, kw_only=True):
+class WriteMsg(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     target: int  # the head the client believes in
     req: WriteReq
+    #: encoded capabilities (:mod:`.capability`) of a lone ``stor.write``; in a batch they
+    #: travel once in :attr:`BatchWriteMsg.caps`
+    caps: list[bytes] = []
 
 
 class BatchWriteMsg(msgspec.Struct, frozen=True, kw_only=True):
     """Writes to chains whose heads live on this node; payloads follow in ``ios`` order."""
 
     ios: list[WriteMsg]
+    #: capabilities covering every I/O's chunk (one per inode)
+    caps: list[bytes] = []
 
 
 class IoResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -209,9 +217,11 @@ class UpdateMsg(msgspec.Struct, frozen=True, kw_only=True):
     req: UpdateReq
 
 
-class ReadMsg(msgspec.Struct, frozen=True, kw_only=True):
+class ReadMsg(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     target: int
     req: ReadReq
+    #: capabilities of a lone ``stor.read``; a batch carries them in :attr:`BatchReadMsg.caps`
+    caps: list[bytes] = []
 
 
 class BatchReadMsg(msgspec.Struct, frozen=True, kw_only=True):
@@ -220,6 +230,8 @@ class BatchReadMsg(msgspec.Struct, frozen=True, kw_only=True):
     #: (``xfer`` 0) instead of holding it for a grant.  One round trip less per batch; a server
     #: that does not know the field answers as always and the client grants as always.
     send: bool = False
+    #: capabilities covering every I/O's chunk (one per inode)
+    caps: list[bytes] = []
 
 
 class BatchReadReady(msgspec.Struct, frozen=True, kw_only=True):
@@ -240,6 +252,7 @@ class CorruptReport(msgspec.Struct, frozen=True, kw_only=True):
     target: int
     chunk_id: ChunkId
     version: int = 0
+    caps: list[bytes] = []
 
 
 class QueryLastMsg(msgspec.Struct, frozen=True, kw_only=True):
@@ -248,6 +261,7 @@ class QueryLastMsg(msgspec.Struct, frozen=True, kw_only=True):
     chain_ver: int
     inode: int
     track: int | None = None
+    caps: list[bytes] = []
 
 
 class LastChunk(msgspec.Struct, frozen=True, kw_only=True):
@@ -381,8 +395,8 @@ def trusted_peer(node: Any) -> bool:
 
 
 def to_meta(msg: msgspec.Struct) -> dict[str, Any]:
-    """A header struct as the wire's ``meta`` dict."""
-    out = msgspec.to_builtins(msg)
+    """A header struct as the wire's ``meta`` dict (bytes stay bytes: the header is msgpack)."""
+    out = msgspec.to_builtins(msg, builtin_types=(bytes,))
     assert isinstance(out, dict)
     return out
 

@@ -103,6 +103,13 @@ class ServiceProcess:
         if tokens_file is not None:
             self.env["FF_AUTH_TOKENS_FILE"] = str(tokens_file)
         self.env.update(env or {})
+        if module in ("services.meta", "services.storage") and "FF_CAPABILITY_KEY_FILE" not in (env or {}):
+            # as ff up: meta and the storage nodes of one state dir share its capability key
+            from fireflyer.storage.capability import write_key_file
+
+            key = self.state_dir / "capability.key"
+            write_key_file(key)
+            self.env["FF_CAPABILITY_KEY_FILE"] = str(key)
         self.args = list(args)
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fireflyer.fs import FileSystem, connect
+from fireflyer.storage.client_min import MgmtdRouting, StorageClient
 from fireflyer.testing.cluster import LocalCluster, started_cluster
 
 CLUSTER_TOML = """
@@ -55,7 +56,7 @@ def fs_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluste
 
 @pytest.fixture(scope="package")
 def ffs(fs_cluster: LocalCluster) -> Iterator[FileSystem]:
-    """A client with the user token (the exact-length query is admin-only: see length.py)."""
+    """A client with the user token."""
     fs = connect(state_dir=fs_cluster.state_dir)
     yield fs
     fs.close()
@@ -66,6 +67,18 @@ def admin_fs(fs_cluster: LocalCluster) -> Iterator[FileSystem]:
     fs = connect(state_dir=fs_cluster.state_dir, token=fs_cluster.admin_token)
     yield fs
     fs.close()
+
+
+@pytest.fixture(scope="package")
+def service_storage(fs_cluster: LocalCluster) -> Iterator[StorageClient]:
+    """A storage client with the storage service's own credential (role service: exempt from
+    capabilities), to inspect chunks meta no longer grants anyone (an unlinked file's, GC)."""
+    token = fs_cluster.service_token("storage")
+    routing = MgmtdRouting(fs_cluster.addresses("mgmtd"), token=token)
+    client = StorageClient(routing.get, token=token)
+    yield client
+    client.close()
+    routing.close()
 
 
 @pytest.fixture(scope="package")

@@ -13,7 +13,7 @@ from fireflyer.core.errors import DeadlineExceeded, FsError, InvalidArgument
 from fireflyer.fs import FileSystem
 from fireflyer.fs.length import exact_length
 from fireflyer.storage import ChunkId
-from fireflyer.storage.client_min import ReadIo
+from fireflyer.storage.client_min import ReadIo, StorageClient
 from fireflyer.testing.poll import wait_until
 
 
@@ -57,6 +57,7 @@ def test_exact_length_on_close_recovers_unreported_writes(admin_fs: FileSystem, 
     data = os.urandom(3 * CHUNK + 11)
     ffs._write_range(inode.id, inode.layout, 0, memoryview(data), path)
     assert ffs._stat_inode(inode.id).length == 0
+    admin_fs.open(path, "rb").close()  # storage serves the admin too only what meta granted on open
     assert exact_length(admin_fs.storage, inode.layout, inode.id) == len(data)
     with admin_fs.open(path, "r+b"):  # open for write + close: the exact length from storage
         pass
@@ -142,34 +143,34 @@ def test_retried_write_is_applied_once(ffs: FileSystem, workdir: str, monkeypatc
     assert res.version == 1  # a second application would have made version 2
 
 
-def test_gc_removes_unlinked_files_chunks(admin_fs: FileSystem, ffs: FileSystem, workdir: str) -> None:
+def test_gc_removes_unlinked_files_chunks(service_storage: StorageClient, ffs: FileSystem, workdir: str) -> None:
     path = f"{workdir}/garbage"
     data = os.urandom(4 * CHUNK + 1)
     ffs.write_bytes(path, data)
     inode = ffs.stat(path)
     assert inode.layout is not None
-    assert exact_length(admin_fs.storage, inode.layout, inode.id) == len(data)
+    assert exact_length(service_storage, inode.layout, inode.id) == len(data)
     keep = f"{workdir}/keep"
     ffs.write_bytes(keep, b"k" * (CHUNK + 3))
     ffs.unlink(path)
-    wait_until(lambda: exact_length(admin_fs.storage, inode.layout, inode.id) == 0, timeout_s=15.0,
+    wait_until(lambda: exact_length(service_storage, inode.layout, inode.id) == 0, timeout_s=15.0,
                interval_s=0.2, what="GC to remove the unlinked file's chunks")
     assert ffs.read_bytes(keep) == b"k" * (CHUNK + 3)
 
 
-def test_truncate_cuts_storage_exactly(admin_fs: FileSystem, ffs: FileSystem, workdir: str) -> None:
+def test_truncate_cuts_storage_exactly(service_storage: StorageClient, ffs: FileSystem, workdir: str) -> None:
     path = f"{workdir}/trunc"
     data = os.urandom(3 * CHUNK + 100)
     ffs.write_bytes(path, data)
     inode = ffs.truncate(path, CHUNK + 7)
     assert inode.layout is not None
-    assert exact_length(admin_fs.storage, inode.layout, inode.id) == CHUNK + 7
+    assert exact_length(service_storage, inode.layout, inode.id) == CHUNK + 7
     with ffs.open(path, "r+b", buffering=0) as f:
         f.pwrite(b"#", 3 * CHUNK)
     assert ffs.read_bytes(path) == data[:CHUNK + 7] + bytes(2 * CHUNK - 7) + b"#"
 
 
-def test_exact_length_refreshes_routing_older_than_the_files_chains(admin_fs: FileSystem, ffs: FileSystem,
+def test_exact_length_refreshes_routing_older_than_the_files_chains(service_storage: StorageClient, ffs: FileSystem,
                                                                      workdir: str) -> None:
     """A client whose routing snapshot predates the file's chains (the checkpoint service connects
     while the cluster comes up) refreshes it instead of failing every close with NotServing."""
@@ -179,13 +180,13 @@ def test_exact_length_refreshes_routing_older_than_the_files_chains(admin_fs: Fi
     ffs.write_bytes(path, b"x" * 10)
     inode = ffs.stat(path)
     assert inode.layout is not None
-    storage = admin_fs.storage
+    storage = service_storage
     storage.routing = msgspec.structs.replace(storage.routing, chains=[], version=1)
     assert exact_length(storage, inode.layout, inode.id) == 10
     assert storage.routing.version > 1 and storage.routing.chains
 
 
-def test_exact_length_refreshes_routing_whose_chain_version_is_behind(admin_fs: FileSystem, ffs: FileSystem,
+def test_exact_length_refreshes_routing_whose_chain_version_is_behind(service_storage: StorageClient, ffs: FileSystem,
                                                                       workdir: str) -> None:
     """A snapshot that names the file's chains at an older version (a second ``make demo`` on the
     same state dir: the restarted targets bumped chain 1 from v4 to v5 after the checkpoint
@@ -196,7 +197,7 @@ def test_exact_length_refreshes_routing_whose_chain_version_is_behind(admin_fs: 
     ffs.write_bytes(path, b"v" * 11)
     inode = ffs.stat(path)
     assert inode.layout is not None
-    storage = admin_fs.storage
+    storage = service_storage
     real = storage.routing
     older = [msgspec.structs.replace(c, version=c.version - 1) for c in real.chains]
     storage.routing = msgspec.structs.replace(real, chains=older, version=1)
@@ -204,7 +205,7 @@ def test_exact_length_refreshes_routing_whose_chain_version_is_behind(admin_fs: 
     assert storage.routing.version == real.version
 
 
-def test_exact_length_retries_a_node_address_that_went_stale(admin_fs: FileSystem, ffs: FileSystem,
+def test_exact_length_retries_a_node_address_that_went_stale(service_storage: StorageClient, ffs: FileSystem,
                                                             workdir: str) -> None:
     """After ``ff down`` / ``ff up`` on the same state dir the storage nodes listen on new ports
     and a routing snapshot can still name the old ones (a second ``make demo`` failed every close
@@ -220,7 +221,7 @@ def test_exact_length_retries_a_node_address_that_went_stale(admin_fs: FileSyste
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"
-    storage = admin_fs.storage
+    storage = service_storage
     real = storage.routing
     stale = tuple(msgspec.structs.replace(n, tags=tuple(f"wire={dead}" if t.startswith("wire=") else t
                                                         for t in n.tags)) for n in real.nodes)

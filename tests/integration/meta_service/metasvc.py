@@ -10,6 +10,7 @@ from typing import Any
 
 from fireflyer.core.settings import load_settings
 from fireflyer.fs import MetaClient
+from fireflyer.storage.capability import write_key_file
 from fireflyer.testing.services import running_service
 from services.meta.app import MetaService, MetaSettings
 
@@ -50,6 +51,7 @@ async def in_process_meta(state: Path, tokens: Tokens, *, transport: str = "auto
                           **env: str) -> AsyncIterator[Meta]:
     """One meta replica on the test's loop (production runtime), SQLite under ``state``."""
     url = f"sqlite:///{state / 'meta.db'}"
+    write_key_file(state / "capability.key")  # as ff up: the key meta signs chunk capabilities with
     settings = load_settings(MetaSettings, env={**meta_env(state, tokens, url), "FF_INSTANCE": "meta-inproc", **env})
     service = MetaService(settings)
     async with running_service(service) as ctx:

@@ -19,6 +19,7 @@ from fireflyer.mgmt.client import MgmtdClient
 from fireflyer.mgmt.model import PublicState, RoutingInfo
 from fireflyer.rpc import TokenEntry, generate_token, write_tokens_file
 from fireflyer.storage import ChainVersionMismatch, ChunkId, ChunkNotFound, NotServing, ReadReply, ReadReq
+from fireflyer.storage.capability import READ, WRITE, CapabilityCache, Grantor, read_key_file
 from fireflyer.storage.client_min import ConnectionPool, MgmtdRouting, SendLimiter, StorageClient
 from fireflyer.storage.protocol import OP_READ, ReadMsg, split_address, to_meta, wire_address
 from fireflyer.testing.poll import wait_for
@@ -56,6 +57,7 @@ class StorageCluster:
         self.tmp, self.nats_url, self.tokens_file, self.admin, self.user = tmp, nats_url, tokens_file, admin, user
         #: the storage nodes' credential (user svc-storage, role service), as ff up gives them
         self.service = service
+        self.bob = ""
         self.mgmtd: ServiceProcess | None = None
         self.storage: list[ServiceProcess] = []
         self.client: MgmtdClient | None = None
@@ -122,8 +124,15 @@ class StorageCluster:
 
         return await wait_for(ok, timeout_s=timeout_s, interval_s=0.05, what=f"target {target} {state}")
 
+    def grants(self, user: str = "alice", *, lifetime_s: float = 600.0) -> CapabilityCache:
+        """Capabilities signed with the nodes' key (``<tmp>/capability.key``), as meta grants them
+        on open: read-write on any inode, for ``user`` (the user token's is alice)."""
+        grantor = Grantor(read_key_file(self.tmp / "capability.key"), lifetime_s=lifetime_s)
+        return CapabilityCache(lambda inode, mode, old: grantor.grant(inode=inode, mode=READ | WRITE, user=user))
+
     def data_client(self, **kw: Any) -> StorageClient:
         assert self.routing_src is not None
+        kw.setdefault("capabilities", self.grants())
         kw.setdefault("request_timeout_s", 1.0)
         kw.setdefault("connect_timeout_s", 0.5)
         c = StorageClient(self.routing_src.get, token=self.user, limiter=kw.pop("limiter", SendLimiter()), **kw)
@@ -170,10 +179,13 @@ class StorageCluster:
 def new_cluster(tmp_path: Path, nats_url: str) -> StorageCluster:
     """A cluster not yet started, with an admin, a user and the storage service's token (tests that
     start it their way)."""
-    admin, user, service = generate_token(), generate_token(), generate_token()
+    admin, user, service, bob = generate_token(), generate_token(), generate_token(), generate_token()
     tokens = write_tokens_file(tmp_path / "tokens.json", [
         TokenEntry(token=admin, user="root-admin", roles=["admin"]),
         TokenEntry(token=user, user="alice", roles=["user"]),
+        TokenEntry(token=bob, user="bob", roles=["user"]),
         TokenEntry(token=service, user="svc-storage", roles=["service"]),
     ])
-    return StorageCluster(tmp_path, nats_url, tokens, admin, user, service)
+    c = StorageCluster(tmp_path, nats_url, tokens, admin, user, service)
+    c.bob = bob  # a second user (capabilities are per user)
+    return c

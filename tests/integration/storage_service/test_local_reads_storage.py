@@ -16,6 +16,7 @@ from stor_svc_harness import CHUNK, StorageCluster
 from fireflyer.core.errors import Unauthenticated, error_from_dict
 from fireflyer.mgmt.model import PublicState, RoutingInfo
 from fireflyer.storage import ChunkCorrupted, ChunkId, ChunkNotFound, NotCommitted, ReadReq, crc32c
+from fireflyer.storage.capability import READ
 from fireflyer.storage.client_min import ReadIo, ReadResult, StorageClient
 from fireflyer.storage.localread import LocalReadClient, bind_unix, host_identity, local_socket
 from fireflyer.storage.protocol import OP_SPACE, ReadMsg, SpaceReply
@@ -248,7 +249,12 @@ async def test_a_request_without_a_valid_token_gets_no_descriptors(cluster: Stor
         assert isinstance(error_from_dict(reply.error or {}), Unauthenticated)
     good = LocalReadClient(cluster.user, timeout_s=2.0)
     try:
+        # a valid token without meta's capability for the chunk gets nothing either
         reply, fds = await asyncio.to_thread(good.open, path, [msg])
+        assert fds == [] and reply.results == []
+        assert error_from_dict(reply.error or {}).fields["reason"] == "missing"
+        caps = [cluster.grants().get(77, READ)]
+        reply, fds = await asyncio.to_thread(good.open, path, [msg], caps)
         assert reply.error is None and len(fds) == 1
         assert os.pread(fds[0], 6, 0) == b"secret"
         for fd in fds:

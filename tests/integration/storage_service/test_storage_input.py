@@ -21,6 +21,7 @@ from fireflyer.storage import (
     WriteReq,
     crc32c,
 )
+from fireflyer.storage.capability import WRITE
 from fireflyer.storage.protocol import (
     OP_BATCH_READ,
     OP_DUMP_META,
@@ -49,12 +50,12 @@ def _head_conn(cluster: StorageCluster, routing, chain_id: int, token: str) -> t
     return Connection.connect(host, port, token=token, timeout_s=2.0, request_timeout_s=5.0), head, chain.version
 
 
-def _write(conn: Connection, head: int, ver: int, cid: ChunkId, data: bytes, *, offset: int = 0, seq: int = 1,
-           chain_id: int = 1, chunk_size: int = CHUNK, length: int | None = None) -> WriteAck:
+def _write(conn: Connection, caps: list[bytes], head: int, ver: int, cid: ChunkId, data: bytes, *, offset: int = 0,
+           seq: int = 1, chain_id: int = 1, chunk_size: int = CHUNK, length: int | None = None) -> WriteAck:
     req = WriteReq(chain_id=chain_id, chain_ver=ver, chunk_id=cid, offset=offset,
                    length=len(data) if length is None else length, chunk_size=chunk_size, payload_crc=crc32c(data),
                    client_id="test-client", channel=1, seq=seq)
-    reply = conn.request(OP_WRITE, data, meta=to_meta(WriteMsg(target=head, req=req)))
+    reply = conn.request(OP_WRITE, data, meta=to_meta(WriteMsg(target=head, req=req, caps=caps)))
     return msgspec.convert(reply.meta, WriteAck)
 
 
@@ -62,12 +63,13 @@ async def test_retried_write_is_applied_once(cluster: StorageCluster) -> None:
     routing = await cluster.routing()
     conn, head, ver = _head_conn(cluster, routing, 1, cluster.user)
     cid = ChunkId(21, 0, 0)
+    caps = [cluster.grants().get(cid.inode, WRITE)]  # what meta grants alice on open
     with conn:
-        first = await asyncio.to_thread(_write, conn, head, ver, cid, b"a" * 100, seq=1)
-        again = await asyncio.to_thread(_write, conn, head, ver, cid, b"a" * 100, seq=1)  # the client's retry
+        first = await asyncio.to_thread(_write, conn, caps, head, ver, cid, b"a" * 100, seq=1)
+        again = await asyncio.to_thread(_write, conn, caps, head, ver, cid, b"a" * 100, seq=1)  # the client's retry
         assert (first.commit_ver, first.duplicate) == (1, False)
         assert (again.commit_ver, again.duplicate) == (1, True)
-        nxt = await asyncio.to_thread(_write, conn, head, ver, cid, b"b" * 10, offset=100, seq=2)
+        nxt = await asyncio.to_thread(_write, conn, caps, head, ver, cid, b"b" * 10, offset=100, seq=2)
         assert nxt.commit_ver == 2
     # every replica has version 2 and the same bytes: the retry made no version of its own
     for t in next(c for c in routing.chains if c.chain_id == 1).target_ids:
@@ -79,18 +81,19 @@ async def test_bad_input_gets_clear_errors_and_writes_nothing(cluster: StorageCl
     routing = await cluster.routing()
     conn, head, ver = _head_conn(cluster, routing, 1, cluster.user)
     cid = ChunkId(22, 0, 0)
+    caps = [cluster.grants().get(cid.inode, WRITE)]  # what meta grants alice on open
     with conn:
         with pytest.raises(BadRequest, match="out of bounds"):  # offset beyond the chunk
-            await asyncio.to_thread(_write, conn, head, ver, cid, b"x" * 10, offset=CHUNK - 5)
+            await asyncio.to_thread(_write, conn, caps, head, ver, cid, b"x" * 10, offset=CHUNK - 5)
         with pytest.raises(BadRequest, match="out of bounds"):  # negative length
-            await asyncio.to_thread(_write, conn, head, ver, cid, b"", length=-1)
+            await asyncio.to_thread(_write, conn, caps, head, ver, cid, b"", length=-1)
         with pytest.raises(BadRequest, match="out of bounds"):  # absurd chunk size
-            await asyncio.to_thread(_write, conn, head, ver, cid, b"x", chunk_size=1 << 40)
+            await asyncio.to_thread(_write, conn, caps, head, ver, cid, b"x", chunk_size=1 << 40)
         with pytest.raises(ChainVersionMismatch) as e:  # wrong chain version
-            await asyncio.to_thread(_write, conn, head, ver + 5, cid, b"x" * 10)
+            await asyncio.to_thread(_write, conn, caps, head, ver + 5, cid, b"x" * 10)
         assert e.value.fields["expected"] == ver
         with pytest.raises(NotServing, match="unknown"):  # unknown chain
-            await asyncio.to_thread(_write, conn, head, ver, cid, b"x" * 10, chain_id=999)
+            await asyncio.to_thread(_write, conn, caps, head, ver, cid, b"x" * 10, chain_id=999)
         with pytest.raises(BadRequest, match="outside the limits"):  # oversized batch: 129 I/Os
             msg = BatchReadMsg(ios=[ReadMsg(target=head, req=ReadReq(chain_id=1, chain_ver=ver,
                                                                      chunk_id=ChunkId(22, 0, i)))
@@ -100,7 +103,7 @@ async def test_bad_input_gets_clear_errors_and_writes_nothing(cluster: StorageCl
             await asyncio.to_thread(conn.request, OP_READ, meta={"target": "x"})
         with pytest.raises(ChunkNotFound):  # unknown chunk: nothing above wrote it
             await asyncio.to_thread(conn.request, OP_READ, meta=to_meta(
-                ReadMsg(target=head, req=ReadReq(chain_id=1, chain_ver=ver, chunk_id=cid))))
+                ReadMsg(target=head, req=ReadReq(chain_id=1, chain_ver=ver, chunk_id=cid), caps=caps)))
         with pytest.raises(PermissionDenied):  # chain-internal ops are not for users
             await asyncio.to_thread(conn.request, OP_UPDATE, meta={})
     # a write to a non-head replica is refused
@@ -110,7 +113,7 @@ async def test_bad_input_gets_clear_errors_and_writes_nothing(cluster: StorageCl
     host, port = cluster.node_address(routing, t.node_id)
     with Connection.connect(host, port, token=cluster.user, timeout_s=2.0) as c2:
         with pytest.raises(NotHead):
-            await asyncio.to_thread(_write, c2, mid, ver, cid, b"x" * 10)
+            await asyncio.to_thread(_write, c2, caps, mid, ver, cid, b"x" * 10)
     # a bad token never gets a connection
     with pytest.raises(Unauthenticated):
         Connection.connect(host, port, token="not-a-token", timeout_s=2.0)

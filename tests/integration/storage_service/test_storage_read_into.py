@@ -91,7 +91,8 @@ async def test_a_chain_newer_than_the_clients_routing_is_retried_after_a_refresh
             return msgspec.structs.replace(first, version=first.version - 1, chains=[])
         return real()
 
-    client = StorageClient(routing, token=cluster.user, limiter=SendLimiter(), request_timeout_s=1.0)
+    client = StorageClient(routing, token=cluster.user, limiter=SendLimiter(), request_timeout_s=1.0,
+                           capabilities=cluster.grants())
     cluster.clients.append(client)
     assert client.routing.chains == []
     cid = ChunkId(23, 0, 0)

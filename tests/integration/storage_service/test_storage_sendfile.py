@@ -11,6 +11,7 @@ import msgspec
 from stor_svc_harness import CHUNK, StorageCluster
 
 from fireflyer.storage import ChunkCorrupted, ChunkId
+from fireflyer.storage.capability import READ
 from fireflyer.storage.client_min import ReadIo
 from fireflyer.storage.protocol import OP_REPORT_CORRUPT, OP_SPACE, CorruptReport, SpaceReply, to_meta
 from fireflyer.testing.poll import wait_for
@@ -120,7 +121,9 @@ async def test_a_corruption_report_about_a_good_copy_changes_nothing(cluster: St
     _, addr = client.address(target)
 
     def report() -> object:
-        return client._call(addr, OP_REPORT_CORRUPT, meta=to_meta(CorruptReport(target=target, chunk_id=cid))).meta
+        caps = client.caps_for((cid.inode,), READ)  # a report needs read access to the chunk
+        return client._call(addr, OP_REPORT_CORRUPT,
+                            meta=to_meta(CorruptReport(target=target, chunk_id=cid, caps=caps))).meta
 
     assert await asyncio.to_thread(report) == {"corrupted": False}
     assert await asyncio.to_thread(_corrupted_on, cluster, routing, target) == []

@@ -144,7 +144,9 @@ def test_stat_lstat_readlink_symlink(fs: MetaStore) -> None:
     assert fs.stat(ALICE, "/home/alice/d/up/f") == f
     assert fs.stat(ALICE, "/home/alice/d/../d/./f") == f
     assert fs.stat(ALICE, "/../home") == fs.stat(ALICE, "/home")
-    assert fs.stat_inode(BOB, f.id) == f
+    assert fs.stat_inode(ALICE, f.id) == f  # the owner
+    err(E.EACCES, fs.stat_inode, BOB, f.id)  # another user's file by id: only once opened
+    assert fs.stat_inode(BOB, f.id, opened=True) == f
     err(E.ENOENT, fs.stat_inode, BOB, 99)
     assert fs.readlink(ALICE, "/home/alice/rel") == "d"
     err(E.EINVAL, fs.readlink, ALICE, "/home/alice/d")
@@ -195,11 +197,37 @@ def test_unlink_link_nlink_and_gc(fs: MetaStore) -> None:
     err(E.ENOENT, fs.link, ALICE, "/home/alice/nope", "/home/alice/x")
     g = fs.create(ALICE, "/home/alice/g").inode
     err(E.EEXIST, fs.link, ALICE, "/home/alice/g", "/home/alice/d")
-    err(E.EACCES, fs.link, BOB, "/home/alice/g", "/home/alice/x")
+    # protected hardlinks (checked before the parent's write bit, as Linux's linkat does)
+    err(E.EPERM, fs.link, BOB, "/home/alice/g", "/home/alice/x")
     err(E.EACCES, fs.unlink, BOB, "/home/alice/g")
     fs.unlink(ALICE, "/home/alice/s")  # symlinks: no GC record
     assert [i.inode_id for i in fs.gc_pending()] == []
     assert fs.stat(ALICE, "/home/alice/g") == g
+
+
+def test_protected_hardlinks(fs: MetaStore) -> None:
+    """A hard link needs the target's owner, or read and write on it (Linux protected_hardlinks);
+    root-acting callers are exempt.  Bob can write /tmp, so only this rule stops him."""
+    fs.setattr(ALICE, "/home/alice", mode=0o755)
+    fs.create(ALICE, "/home/alice/ro", 0o644)
+    fs.create(ALICE, "/home/alice/rw", 0o666)
+    err(E.EPERM, fs.link, BOB, "/home/alice/ro", "/tmp/ro")  # readable, not writable
+    assert fs.link(BOB, "/home/alice/rw", "/tmp/rw").nlink == 2  # may read and write it
+    assert fs.link(ALICE, "/home/alice/ro", "/tmp/ro-alice").nlink == 2  # the owner
+    assert fs.link(ADMIN, "/home/alice/ro", "/tmp/ro-admin").nlink == 3  # root
+
+
+def test_stat_inode_by_id(fs: MetaStore) -> None:
+    """By id: the owner and root; a directory when its ancestors are searchable; another
+    user's file only once opened (the servicer checked its capability)."""
+    fs.mkdir(ALICE, "/home/alice/priv", 0o700)
+    f = fs.create(ALICE, "/home/alice/priv/f", 0o644).inode
+    sub = fs.mkdir(ALICE, "/home/alice/priv/sub", 0o755)
+    pub = fs.mkdir(ALICE, "/tmp/pub", 0o755)
+    assert fs.stat_inode(ALICE, f.id) == f and fs.stat_inode(ADMIN, f.id) == f
+    err(E.EACCES, fs.stat_inode, BOB, f.id)
+    err(E.EACCES, fs.stat_inode, BOB, sub.id)  # behind a 0700 directory
+    assert fs.stat_inode(BOB, pub.id) == pub  # /, /tmp searchable
 
 
 def test_sticky_tmp(fs: MetaStore) -> None:

@@ -129,12 +129,30 @@ class OpenRequest(_message.Message):
     def __init__(self, path: _Optional[str] = ..., flags: _Optional[int] = ...) -> None: ...
 
 class OpenReply(_message.Message):
-    __slots__ = ("inode", "created")
+    __slots__ = ("inode", "created", "capability")
     INODE_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     inode: Inode
     created: bool
-    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., created: _Optional[bool] = ..., capability: _Optional[bytes] = ...) -> None: ...
+
+class GrantCapabilityRequest(_message.Message):
+    __slots__ = ("inode_id", "mode", "capability")
+    INODE_ID_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    inode_id: int
+    mode: int
+    capability: bytes
+    def __init__(self, inode_id: _Optional[int] = ..., mode: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
+
+class GrantCapabilityReply(_message.Message):
+    __slots__ = ("capability",)
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    capability: bytes
+    def __init__(self, capability: _Optional[bytes] = ...) -> None: ...
 
 class StatRequest(_message.Message):
     __slots__ = ("path", "follow")
@@ -145,10 +163,12 @@ class StatRequest(_message.Message):
     def __init__(self, path: _Optional[str] = ..., follow: _Optional[bool] = ...) -> None: ...
 
 class StatInodeRequest(_message.Message):
-    __slots__ = ("inode_id",)
+    __slots__ = ("inode_id", "capability")
     INODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     inode_id: int
-    def __init__(self, inode_id: _Optional[int] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, inode_id: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class StatReply(_message.Message):
     __slots__ = ("inode",)

@@ -129,6 +129,11 @@ class MetaServiceStub:
                 request_serializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.WhoAmIRequest.SerializeToString,
                 response_deserializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.WhoAmIReply.FromString,
                 _registered_method=True)
+        self.GrantCapability = channel.unary_unary(
+                '/ff.meta.v1.MetaService/GrantCapability',
+                request_serializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.GrantCapabilityRequest.SerializeToString,
+                response_deserializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.GrantCapabilityReply.FromString,
+                _registered_method=True)
 
 
 class MetaServiceServicer:
@@ -259,6 +264,14 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GrantCapability(self, request, context):
+        """renew a chunk capability before it expires: the request presents the one it replaces
+        (proof the file was opened); meta checks the inode's permission bits again
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -356,6 +369,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.WhoAmI,
                     request_deserializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.WhoAmIRequest.FromString,
                     response_serializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.WhoAmIReply.SerializeToString,
+            ),
+            'GrantCapability': grpc.unary_unary_rpc_method_handler(
+                    servicer.GrantCapability,
+                    request_deserializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.GrantCapabilityRequest.FromString,
+                    response_serializer=fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.GrantCapabilityReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -871,6 +889,33 @@ class MetaService:
             '/ff.meta.v1.MetaService/WhoAmI',
             fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.WhoAmIRequest.SerializeToString,
             fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.WhoAmIReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GrantCapability(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ff.meta.v1.MetaService/GrantCapability',
+            fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.GrantCapabilityRequest.SerializeToString,
+            fireflyer_dot_api_dot_meta_dot_v1_dot_meta__pb2.GrantCapabilityReply.FromString,
             options,
             channel_credentials,
             insecure,
