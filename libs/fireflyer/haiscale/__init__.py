@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import backend as _backend
+
+_backend.register()
+
 __all__ = ["ddp", "hooks", "buckets", "backend"]
 
 

@@ -2,7 +2,7 @@
 
     from fireflyer import hfreduce
     from fireflyer.haiscale.ddp import DistributedDataParallel as DDP
-    model = DDP(MyModel())                  # comm=hfreduce.init() unless given one
+    model = DDP(MyModel())                  # the process's shared communicator unless given one
     loss = model(x).sum(); loss.backward()  # gradients averaged over all ranks
     opt.step()
 
@@ -260,7 +260,8 @@ class DistributedDataParallel(torch.nn.Module):
 
     ``device_ids``, ``output_device`` and ``dim`` are accepted for torch's signature and
     unused (one process holds one model replica).  ``process_group`` is not taken: pass
-    ``comm`` (an HFReduce communicator; default ``hfreduce.init()``).  ``first_bucket_mb``
+    ``comm`` (an HFReduce communicator; default :func:`.comm.shared`, the one the
+    ``hfreduce`` torch.distributed backend uses too).  ``first_bucket_mb``
     sizes the first bucket (1 MiB by default).
     """
 
@@ -274,9 +275,9 @@ class DistributedDataParallel(torch.nn.Module):
             raise InvalidArgument("haiscale DDP reduces through an HFReduce communicator: pass comm=... "
                                   "(hfreduce.init()), not process_group", argument="process_group")
         if comm is None:
-            from fireflyer import hfreduce
+            from .comm import shared
 
-            comm = hfreduce.init()
+            comm = shared()
         self.module = module
         self.comm = comm
         self.broadcast_buffers = broadcast_buffers

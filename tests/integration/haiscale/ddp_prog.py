@@ -1,10 +1,11 @@
 """Rank program for the haiscale integration tests, run by ``ff launch`` (2 nodes x 1 rank).
 
-``python ddp_prog.py MODE OUT``: each rank writes ``OUT/<mode>.rank<R>.json`` (what it
+``python ddp_prog.py OUT MODE...``: each rank writes ``OUT/<mode>.rank<R>.json`` (what it
 found) and, for modes that train, ``OUT/<mode>.rank<R>.npz`` (its final parameters), so
-the test compares ranks bit for bit.  Every mode joins HFReduce (``hfreduce.init()``)
-and torch's Gloo group (ff launch gives the ranks torch's env:// variables), so one
-launch trains our wrapper and torch DDP on Gloo side by side.
+the test compares ranks bit for bit.  The default torch.distributed group is the
+``hfreduce`` backend; a Gloo group over the same ranks (ff launch gives torch's env://
+variables) is the reference, and our wrapper has its own HFReduce communicator, so one
+launch trains our wrapper, stock torch DDP on HFReduce and torch DDP on Gloo side by side.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fireflyer import hfreduce
+import fireflyer.haiscale  # noqa: F401  (registers the hfreduce backend)
+from fireflyer.haiscale.comm import shared
 from fireflyer.haiscale.ddp import DistributedDataParallel as HaiDDP
 from fireflyer.haiscale.hooks import bf16_compress_hook, fp16_compress_hook
 
@@ -91,7 +93,7 @@ def max_diff(a: np.ndarray, b: np.ndarray) -> float:
 def mode_equiv(comm: Any, rank: int, world: int) -> dict[str, Any]:
     """Ours vs torch DDP on Gloo, plain and with gradient_as_bucket_view and tiny buckets."""
     out: dict[str, Any] = {}
-    ref = torch.nn.parallel.DistributedDataParallel(model(rank))
+    ref = torch.nn.parallel.DistributedDataParallel(model(rank), process_group=GLOO)
     t0 = time.perf_counter()
     train(ref, rank)
     out["gloo_s"] = time.perf_counter() - t0
@@ -116,7 +118,7 @@ def mode_features(comm: Any, rank: int, world: int) -> dict[str, Any]:
     """no_sync accumulation, comm hooks, find_unused_parameters, stop()."""
     out: dict[str, Any] = {}
     # no_sync: 3 micro-batches, the last one syncs; torch DDP does the same
-    ref = torch.nn.parallel.DistributedDataParallel(model(rank))
+    ref = torch.nn.parallel.DistributedDataParallel(model(rank), process_group=GLOO)
     train(ref, rank, steps=3, accumulate=3)
     ours = HaiDDP(model(rank), comm=comm)
     train(ours, rank, steps=3, accumulate=3)
@@ -156,7 +158,8 @@ def mode_features(comm: Any, rank: int, world: int) -> dict[str, Any]:
     out["hook_buckets"] = len(m.reducer.plan.buckets)
     out["custom_hook_diff"] = max_diff(flat(m.module), flat(plain.module))
     # find_unused_parameters: rank 1 uses the side branch, rank 0 does not; torch DDP agrees
-    ref = torch.nn.parallel.DistributedDataParallel(model(rank, branch=True), find_unused_parameters=True)
+    ref = torch.nn.parallel.DistributedDataParallel(model(rank, branch=True), find_unused_parameters=True,
+                                                  process_group=GLOO)
     ours = HaiDDP(model(rank, branch=True), comm=comm, find_unused_parameters=True)
     for m in (ref, ours):
         opt = torch.optim.SGD(m.parameters(), lr=0.05)
@@ -190,25 +193,96 @@ def mode_mismatch(comm: Any, rank: int, world: int) -> dict[str, Any]:
     return {"error": None}
 
 
+def mode_backend(comm: Any, rank: int, world: int) -> dict[str, Any]:
+    """The hfreduce torch.distributed backend: collectives, async works, unsupported ops, stock torch DDP."""
+    out: dict[str, Any] = {"backend": dist.get_backend()}
+    t = torch.full((5,), float(rank + 1))
+    dist.all_reduce(t)
+    out["all_reduce_sum"] = t.tolist()
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    out["all_reduce_max"] = t.tolist()
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    out["all_reduce_avg"] = t.tolist()
+    t = torch.arange(4, dtype=torch.int64) * (rank + 1)
+    w = dist.all_reduce(t, async_op=True)
+    out["async_returns_work"] = type(w).__name__
+    w.wait()
+    out["async_sum_int64"] = t.tolist()
+    t = torch.full((4,), float(rank + 10))
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    out["future_value"] = fut.wait()[0].tolist()
+    b = torch.full((3,), float(rank + 7))
+    dist.broadcast(b, src=1)
+    out["broadcast_from_1"] = b.tolist()
+    dist.barrier()
+    w = dist.barrier(async_op=True)
+    w.wait()
+    outs = [torch.zeros(2) for _ in range(world)]
+    dist.all_gather(outs, torch.tensor([float(rank), -float(rank) - 1]))
+    out["all_gather"] = [o.tolist() for o in outs]
+    big = torch.zeros(world * 3, dtype=torch.int32)
+    dist.all_gather_into_tensor(big, torch.full((3,), rank + 1, dtype=torch.int32))
+    out["all_gather_into_tensor"] = big.tolist()
+    rs = torch.zeros(2)
+    dist.reduce_scatter(rs, [torch.full((2,), float(r + 1) * (rank + 1)) for r in range(world)])
+    out["reduce_scatter"] = rs.tolist()
+    rst = torch.zeros(2)
+    dist.reduce_scatter_tensor(rst, torch.arange(2 * world, dtype=torch.float32) + rank)
+    out["reduce_scatter_tensor"] = rst.tolist()
+    r = torch.full((2,), float(rank + 1))
+    dist.reduce(r, dst=0)
+    out["reduce_to_0"] = r.tolist()
+    errors = {}
+    for name, call in (("send", lambda: dist.send(torch.zeros(1), dst=1 - rank)),
+                       ("product", lambda: dist.all_reduce(torch.ones(1), op=dist.ReduceOp.PRODUCT)),
+                       ("all_to_all_single", lambda: dist.all_to_all_single(torch.zeros(world), torch.zeros(world)))):
+        try:
+            call()
+            errors[name] = None
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            errors[name] = f"{type(e).__name__}: {e}"
+    out["unsupported"] = errors
+    # stock torch DDP on the hfreduce backend, against torch DDP on Gloo and our wrapper: same seeds, same data
+    stock = torch.nn.parallel.DistributedDataParallel(model(rank))
+    ref = torch.nn.parallel.DistributedDataParallel(model(rank), process_group=GLOO)
+    ours = HaiDDP(model(rank), comm=comm)
+    times = {}
+    for name, m in (("stock_hfreduce", stock), ("gloo", ref), ("haiscale", ours)):
+        t0 = time.perf_counter()
+        train(m, rank)
+        times[name] = time.perf_counter() - t0
+    out["train_s"] = times
+    out["stock_diff_vs_gloo"] = max_diff(flat(stock.module), flat(ref.module))
+    out["stock_diff_vs_ours"] = max_diff(flat(stock.module), flat(ours.module))
+    np.savez(os.path.join(OUT, f"backend.rank{rank}.npz"), stock=flat(stock.module))
+    return out
+
+
 def main() -> int:
-    global OUT
-    mode, OUT = sys.argv[1], sys.argv[2]
+    global OUT, GLOO
+    OUT, modes = sys.argv[1], sys.argv[2:]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo")
-    comm = hfreduce.init()
-    try:
-        result = {"equiv": mode_equiv, "features": mode_features, "mismatch": mode_mismatch}[mode](comm, rank, world)
-        result["ok"] = True
-    except Exception:  # noqa: BLE001 - reported to the test
-        result = {"ok": False, "traceback": traceback.format_exc()}
-    with open(os.path.join(OUT, f"{mode}.rank{rank}.json"), "w") as f:
-        json.dump(result, f)
-    comm.close()
+    dist.init_process_group("hfreduce")
+    GLOO = dist.new_group(backend="gloo")
+    comm = shared()  # the backend's: a worker runs one communicator at a time
+    for mode in modes:
+        try:
+            result = {"equiv": mode_equiv, "features": mode_features, "mismatch": mode_mismatch,
+                      "backend": mode_backend}[mode](comm, rank, world)
+            result["ok"] = True
+        except Exception:  # noqa: BLE001 - reported to the test
+            result = {"ok": False, "traceback": traceback.format_exc()}
+        with open(os.path.join(OUT, f"{mode}.rank{rank}.json"), "w") as f:
+            json.dump(result, f)
     dist.destroy_process_group()
+    comm.close()
     return 0
 
 
 OUT = ""
+GLOO: Any = None
 
 if __name__ == "__main__":
     sys.exit(main())
