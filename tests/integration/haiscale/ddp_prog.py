@@ -82,8 +82,14 @@ class _null:
 
 
 def flat(m: nn.Module) -> np.ndarray:
+    """Parameters and buffers (BatchNorm statistics: rank 0's at each forward, then this rank's update)."""
     return torch.cat([p.detach().reshape(-1) for p in m.parameters()]
                      + [b.detach().reshape(-1).float() for b in m.buffers()]).numpy()
+
+
+def params(m: nn.Module) -> np.ndarray:
+    """Parameters only: what must be bit-identical across ranks."""
+    return torch.cat([p.detach().reshape(-1) for p in m.parameters()]).numpy()
 
 
 def max_diff(a: np.ndarray, b: np.ndarray) -> float:
@@ -110,7 +116,7 @@ def mode_equiv(comm: Any, rank: int, world: int) -> dict[str, Any]:
     out["small_diff_vs_gloo"] = max_diff(flat(small.module), flat(ref.module))
     out["grad_is_view"] = all(p.grad.data_ptr() == small.reducer.slot(i).data_ptr()
                               for i, p in enumerate(small.reducer.params))
-    np.savez(os.path.join(OUT, f"equiv.rank{rank}.npz"), ours=flat(ours.module), small=flat(small.module))
+    np.savez(os.path.join(OUT, f"equiv.rank{rank}.npz"), ours=params(ours.module), small=params(small.module))
     return out
 
 
@@ -144,17 +150,24 @@ def mode_features(comm: Any, rank: int, world: int) -> dict[str, Any]:
         m.register_comm_hook(None, hook)
         train(m, rank)
         out[f"{name}_diff_vs_plain"] = max_diff(flat(m.module), flat(plain.module))
-        np.savez(os.path.join(OUT, f"hook_{name}.rank{rank}.npz"), p=flat(m.module))
+        np.savez(os.path.join(OUT, f"hook_{name}.rank{rank}.npz"), p=params(m.module))
     calls: list[int] = []
+    first_submit: list[float] = []  # per step: when bucket 0 went out
+    last_grad: list[float] = []  # per step: when fc1.weight, the last parameter backward reaches, got its gradient
 
     def counting_hook(state: Any, bucket: Any) -> Any:
         calls.append(bucket.index())
+        if bucket.index() == 0:
+            first_submit.append(time.perf_counter())
         return state.allreduce(bucket.buffer(), op="avg", async_op=True)
 
-    m = HaiDDP(model(rank), comm=comm, first_bucket_mb=0.001, bucket_cap_mb=0.01)
+    net = model(rank)
+    net.fc1.weight.register_post_accumulate_grad_hook(lambda p: last_grad.append(time.perf_counter()))
+    m = HaiDDP(net, comm=comm, first_bucket_mb=0.001, bucket_cap_mb=0.01)
     m.register_comm_hook(comm, counting_hook)
     train(m, rank)
     out["hook_calls"] = calls
+    out["overlap_s"] = [g - f for f, g in zip(first_submit, last_grad, strict=True)]
     out["hook_buckets"] = len(m.reducer.plan.buckets)
     out["custom_hook_diff"] = max_diff(flat(m.module), flat(plain.module))
     # find_unused_parameters: rank 1 uses the side branch, rank 0 does not; torch DDP agrees
@@ -256,7 +269,7 @@ def mode_backend(comm: Any, rank: int, world: int) -> dict[str, Any]:
     out["train_s"] = times
     out["stock_diff_vs_gloo"] = max_diff(flat(stock.module), flat(ref.module))
     out["stock_diff_vs_ours"] = max_diff(flat(stock.module), flat(ours.module))
-    np.savez(os.path.join(OUT, f"backend.rank{rank}.npz"), stock=flat(stock.module))
+    np.savez(os.path.join(OUT, f"backend.rank{rank}.npz"), stock=params(stock.module))
     return out
 
 
