@@ -291,7 +291,7 @@ class DistributedDataParallel(torch.nn.Module):
                 raise InvalidArgument(f"parameter {n!r} is on {p.device}: haiscale DDP reduces CPU models "
                                       f"(CUDA parameters go through the torch backend: "
                                       f"dist.init_process_group('hfreduce') and torch DDP)", param=n)
-            _check_dtype(n, p.dtype)
+            _check_dtype(f"parameter {n!r}", p.dtype)
         self._check_same_structure(named)
         self._sync_module_states()
         self.reducer = Reducer(comm, named, cap_bytes=int(bucket_cap_mb * MIB),
@@ -326,7 +326,7 @@ class DistributedDataParallel(torch.nn.Module):
             if dtype == torch.bool:
                 flat = torch.cat([t.reshape(-1).to(torch.int32) for t in ts])
             else:
-                _check_dtype("buffer or parameter", dtype)
+                _check_dtype("a parameter or buffer", dtype)
                 flat = torch.cat([t.reshape(-1) for t in ts])
             self.comm.broadcast(flat, root=0)
             off = 0
@@ -378,11 +378,11 @@ class DistributedDataParallel(torch.nn.Module):
         self.reducer.stop()
 
 
-def _check_dtype(name: str, dtype: torch.dtype) -> None:
+def _check_dtype(what: str, dtype: torch.dtype) -> None:
     from fireflyer.hfreduce.torch_dtypes import torch_to_numpy_dtype
 
     try:
         torch_to_numpy_dtype(dtype)
     except InvalidArgument as e:
-        raise InvalidArgument(f"{name}: HFReduce does not reduce {dtype} (float32, float16, bfloat16, float8, "
-                              f"int32, int64 only); cast the model", param=name) from e
+        raise InvalidArgument(f"{what} is {dtype}, which HFReduce does not reduce (float32, float16, bfloat16, "
+                              f"float8, int32, int64 only); cast the model", what=what) from e
