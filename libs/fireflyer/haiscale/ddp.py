@@ -34,6 +34,7 @@ as it was (None after ``zero_grad()``), as torch DDP does.
 from __future__ import annotations
 
 import contextlib
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -126,6 +127,7 @@ class Reducer:
         self.sync = True  # set per forward (no_sync)
         self.steps = 0
         self.stopped = False
+        self.last_timing: dict[str, float] = {}
         self._reset()
 
     # -- per-backward state -----------------------------------------------------------------------
@@ -136,6 +138,8 @@ class Reducer:
         self._next = 0  # the next bucket to submit: buckets go in order on every rank
         self._inflight: list[tuple[int, Pending]] = []
         self._queued = False
+        self._t_first_submit = 0.0
+        self._t_last_grad = 0.0
         # the first step submits nothing before the ranks agree on which parameters have gradients
         self._hold = self.steps == 0 and not self.find_unused
 
@@ -159,6 +163,7 @@ class Reducer:
                                      f"reentrant backward or a parameter used by two DDP wrappers?)",
                                      param=self.names[i])
         self._ready[i] = True
+        self._t_last_grad = time.perf_counter()
         slot = self._slots[i]
         if p.grad is not None and p.grad.data_ptr() != slot.data_ptr():
             slot.copy_(p.grad)
@@ -172,6 +177,8 @@ class Reducer:
             self._submit(self._next)
 
     def _submit(self, bi: int) -> None:
+        if not self._inflight:
+            self._t_first_submit = time.perf_counter()
         self._inflight.append((bi, self.comm_hook(self.comm_state, _BucketView(self, bi))))
         self._next = bi + 1
 
@@ -209,6 +216,12 @@ class Reducer:
             buf = self.buffers[bi]
             if isinstance(out, torch.Tensor) and out.data_ptr() != buf.data_ptr():
                 buf.copy_(out.reshape(-1))
+        t_synced = time.perf_counter()
+        #: the last synchronised backward's timestamps (perf_counter): the first bucket's submission,
+        #: the last gradient's arrival (backward's compute ends) and the end of the waits, so
+        #: ``synced - last_grad`` is the communication backward did not hide
+        self.last_timing = {"first_submit": self._t_first_submit, "last_grad": self._t_last_grad,
+                            "synced": t_synced}
         for i, p in enumerate(self.params):
             if used_everywhere is not None and used_everywhere[i] == 0:
                 continue  # nobody used it: its .grad stays as it was, as under torch DDP
