@@ -63,7 +63,7 @@ def bench_ddp(nodes: int = 2, local_ranks: int = 2, model: str = "mlp", steps: i
             tail = "\n".join(lines[-30:])
             raise RuntimeError(f"ff bench ddp: the ranks failed (exit {rc}, {len(files)} results):\n{tail}")
         ranks = [json.loads(f.read_text()) for f in files]
-    result = {"nodes": nodes, "local_ranks": local_ranks, "model": model, "steps": steps,
+    result = {"bench": "ddp", "nodes": nodes, "local_ranks": local_ranks, "model": model, "steps": steps,
               "bucket_cap_mb": bucket_cap_mb, **summarise(ranks)}
     return result
 

@@ -1,7 +1,8 @@
-"""docs/examples/train_ddp.py under ff launch: trains, checkpoints, resumes where it stopped."""
+"""docs/examples/train_ddp.py under ff launch (trains, checkpoints, resumes where it stopped); ff bench ddp."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -37,3 +38,15 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path: Path) -> Non
     straight = launch(tmp_path / "b", "--steps", "6", "--save-every", "2", "--accumulate", "2")
     # model, optimizer state and the data stream all resume: bit-identical parameters
     assert digest(again) == digest(straight)
+
+
+def test_ff_bench_ddp_json() -> None:
+    p = subprocess.run([sys.executable, "-m", "fireflyer.cli.main", "bench", "ddp", "--nodes", "2", "--local-ranks",
+                        "1", "--model", "transformer", "--steps", "2", "--warmup", "1", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    doc = json.loads(p.stdout)
+    assert doc["bench"] == "ddp" and doc["ranks"] == 2 and doc["buckets"] >= 2
+    for v in ("haiscale", "torch_hfreduce", "torch_gloo"):
+        assert doc[f"{v}_step_ms"] > 0
+    assert doc["comm_alone_ms"] > 0 and 0.0 <= doc["hidden_share"] <= 1.0
