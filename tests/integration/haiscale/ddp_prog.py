@@ -273,6 +273,27 @@ def mode_backend(comm: Any, rank: int, world: int) -> dict[str, Any]:
     return out
 
 
+def mode_kill(comm: Any, rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 dies in the middle of step 3's backward (after its first bucket went out)."""
+    net = model(rank)
+    if rank == 1:
+        calls = [0]
+
+        def die(p: torch.Tensor) -> None:
+            calls[0] += 1
+            if calls[0] == 3:
+                os._exit(0)  # no goodbye: the process is simply gone
+
+        net.fc1.weight.register_post_accumulate_grad_hook(die)
+    m = HaiDDP(net, comm=comm, first_bucket_mb=0.001, bucket_cap_mb=0.004)
+    t0 = time.monotonic()
+    try:
+        train(m, rank, steps=5)
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return {"error": type(e).__name__, "message": str(e), "after_s": time.monotonic() - t0}
+    return {"error": None}
+
+
 def main() -> int:
     global OUT, GLOO
     OUT, modes = sys.argv[1], sys.argv[2:]
@@ -283,14 +304,15 @@ def main() -> int:
     for mode in modes:
         try:
             result = {"equiv": mode_equiv, "features": mode_features, "mismatch": mode_mismatch,
-                      "backend": mode_backend}[mode](comm, rank, world)
+                      "backend": mode_backend, "kill": mode_kill}[mode](comm, rank, world)
             result["ok"] = True
         except Exception:  # noqa: BLE001 - reported to the test
             result = {"ok": False, "traceback": traceback.format_exc()}
         with open(os.path.join(OUT, f"{mode}.rank{rank}.json"), "w") as f:
             json.dump(result, f)
-    dist.destroy_process_group()
-    comm.close()
+    if "kill" not in modes:
+        dist.destroy_process_group()
+        comm.close()
     return 0
 
 

@@ -142,3 +142,17 @@ def test_stock_torch_ddp_on_the_backend_matches_gloo_and_ours(runs: dict[str, An
         assert r["stock_diff_vs_gloo"] <= TOL
         assert r["stock_diff_vs_ours"] <= TOL
         assert set(r["train_s"]) == {"stock_hfreduce", "gloo", "haiscale"}
+
+
+def test_a_rank_killed_mid_step_makes_the_others_raise_naming_it(tmp_path: Path) -> None:
+    """Rank 1 exits during step 3's backward, after a bucket went out: rank 0's step raises within
+    the op deadline (5 s here), naming rank 1, instead of hanging."""
+    p = subprocess.run([sys.executable, "-m", "fireflyer.cli.main", "launch", "--nodes", "2", "--local-ranks", "1",
+                        "--timeout-s", "5", "--", sys.executable, str(PROG), str(tmp_path), "kill"],
+                       capture_output=True, text=True, timeout=200)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]  # rank 1 exits 0 on purpose
+    res = json.loads((tmp_path / "kill.rank0.json").read_text())
+    assert res["ok"] and res["error"] in ("CollectiveAborted", "PeerLost", "CollectiveTimeout"), res
+    assert "rank 1" in res["message"], res["message"]
+    assert res["after_s"] < 5 + 10, res
+    assert not (tmp_path / "kill.rank1.json").exists()
