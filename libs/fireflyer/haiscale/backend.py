@@ -16,15 +16,15 @@ Ops:
 
 - ``allreduce`` (sum, avg, max, min), ``allreduce_coalesced``, ``broadcast``,
   ``reduce``, ``barrier``: HFReduce's own collectives;
-- ``allgather`` / ``all_gather_single`` (``all_gather``, ``all_gather_into_tensor``):
-  built on allreduce, each rank's input placed in its slice of a zeroed
-  ``world x n`` buffer, then one sum-allreduce.  Exact (x + 0 = x; only -0.0 comes
-  back as +0.0) but it moves ``world`` times the bytes a native allgather would and
-  adds a reduction pass: fine for metadata and small shards, not for ZeRO-3-sized ones;
-- ``reduce_scatter`` / ``reduce_scatter_single`` (``reduce_scatter_tensor``): one
-  allreduce of the whole input, then this rank's slice: ``world`` times the result
-  bytes instead of one share.  Native ``comm.allgather`` / ``comm.reduce_scatter`` in
-  HFReduce are the next step (issue 50 item 1);
+- ``allgather`` / ``all_gather_single`` (``all_gather``, ``all_gather_into_tensor``) and
+  ``reduce_scatter`` / ``reduce_scatter_single`` (``reduce_scatter_tensor``), built from
+  HFReduce's primitives.  From ``FANOUT_MIN_BYTES`` (64 KiB) per rank: one broadcast per rank
+  (rank r's slice from root r) / one reduce per rank (slice r reduced to rank r), which moves
+  the bytes a native collective would, in ``world`` ops.  Below it: one allgather as a
+  sum-allreduce of a zeroed ``world x n`` buffer holding this rank's slice (exact: x + 0 = x,
+  only -0.0 comes back as +0.0), one reduce-scatter as an allreduce of the whole input: one op,
+  ``world`` times the bytes.  Native ``comm.allgather`` / ``comm.reduce_scatter`` in HFReduce (one
+  op, pipelined across the trees) are the next step (issue 50 item 1);
 - everything else (send / recv, alltoall, gather, scatter, PRODUCT / BAND ... reduce ops)
   raises :class:`~fireflyer.core.errors.Unimplemented` naming the op.
 
@@ -49,6 +49,9 @@ from fireflyer.core.errors import InvalidArgument, Unimplemented
 __all__ = ["BACKEND", "HFReduceProcessGroup", "HFReduceWork", "register"]
 
 BACKEND = "hfreduce"
+#: allgather / reduce-scatter of at least this many bytes per rank go out as one broadcast / reduce
+#: per rank (the bytes of a native one, world ops); smaller ones as one allreduce (one op)
+FANOUT_MIN_BYTES = 64 << 10
 
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min"}
 
@@ -205,17 +208,35 @@ class HFReduceProcessGroup(ProcessGroup):
     def barrier(self, opts: Any = None) -> Work:
         return HFReduceWork([self.comm.barrier(async_op=True)], [])
 
-    # -- built on allreduce (see the module docs for their cost) ----------------------------------
+    # -- built from HFReduce's primitives (see the module docs for their cost) -----------------------
 
-    def _gather_into(self, out_flat: torch.Tensor, inp: torch.Tensor, where: str) -> Any:
-        """Zero ``out_flat`` (world x n), put ``inp`` in this rank's slice, submit a sum-allreduce."""
+    def _fan_out(self, n: int, itemsize: int) -> bool:
+        """One op per rank (broadcasts / reduces) rather than one allreduce of everything?"""
+        return self._size > 1 and n * itemsize >= FANOUT_MIN_BYTES
+
+    def _gather_into(self, out_flat: torch.Tensor, inp: torch.Tensor, where: str) -> list[Any]:
+        """Fill ``out_flat`` (world x n) with every rank's ``inp``: submit the ops, return their works."""
         n = inp.numel()
         if out_flat.numel() != n * self._size:
             raise InvalidArgument(f"{where}: output holds {out_flat.numel()} elements, expected world size "
                                   f"{self._size} x {n}", collective=where)
+        if self._fan_out(n, inp.element_size()):
+            # rank r broadcasts its slice: each rank receives (world - 1) x n, as from a native allgather
+            out_flat[self._rank * n:(self._rank + 1) * n].copy_(inp.reshape(-1))
+            return [self.comm.broadcast(out_flat[r * n:(r + 1) * n], root=r, async_op=True)
+                    for r in range(self._size)]
+        # small: one sum-allreduce of a zeroed buffer holding this rank's slice (one op, not world)
         out_flat.zero_()
         out_flat[self._rank * n:(self._rank + 1) * n].copy_(inp.reshape(-1))
-        return self.comm.allreduce(out_flat, op="sum", async_op=True)
+        return [self.comm.allreduce(out_flat, op="sum", async_op=True)]
+
+    def _scatter_reduce(self, flat: torch.Tensor, n: int, op: str) -> list[Any]:
+        """Reduce ``flat`` (world x n, this rank's copy: overwritten) so that slice r is reduced at rank r."""
+        if self._fan_out(n, flat.element_size()):
+            # slice r reduced to rank r only: each rank receives n, as from a native reduce-scatter
+            return [self.comm.reduce(flat[r * n:(r + 1) * n], root=r, op=op, async_op=True)
+                    for r in range(self._size)]
+        return [self.comm.allreduce(flat, op=op, async_op=True)]
 
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts: Any = None) -> Work:
@@ -225,7 +246,7 @@ class HFReduceProcessGroup(ProcessGroup):
                 raise InvalidArgument(f"allgather: {len(outs)} output tensors for world size {self._size}",
                                       collective="allgather")
             flat = torch.empty(inp.numel() * self._size, dtype=inp.dtype)
-            works.append(self._gather_into(flat, inp, "allgather"))
+            works += self._gather_into(flat, inp, "allgather")
             finishes.append((flat, outs, inp.numel()))
 
         def finish() -> None:
@@ -237,7 +258,7 @@ class HFReduceProcessGroup(ProcessGroup):
 
     def all_gather_single(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Work:
         _contiguous(output, "all_gather_into_tensor")
-        return HFReduceWork([self._gather_into(output.reshape(-1), inp, "all_gather_into_tensor")], [output])
+        return HFReduceWork(self._gather_into(output.reshape(-1), inp, "all_gather_into_tensor"), [output])
 
     _allgather_base = all_gather_single  # the name torch < 2.10 calls
 
@@ -246,17 +267,17 @@ class HFReduceProcessGroup(ProcessGroup):
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter")
         works, finishes = [], []
         for out, ins in zip(output_tensors, input_lists, strict=True):
-            if len(ins) != self._size:
-                raise InvalidArgument(f"reduce_scatter: {len(ins)} input tensors for world size {self._size}",
-                                      collective="reduce_scatter")
+            if len(ins) != self._size or any(t.numel() != out.numel() for t in ins):
+                raise InvalidArgument(f"reduce_scatter: expected {self._size} inputs of {out.numel()} elements "
+                                      f"(the output's), got {[t.numel() for t in ins]}", collective="reduce_scatter")
             flat = torch.cat([t.reshape(-1) for t in ins])
-            works.append(self.comm.allreduce(flat, op=op, async_op=True))
-            finishes.append((flat, out, ins))
+            works += self._scatter_reduce(flat, out.numel(), op)
+            finishes.append((flat, out))
 
         def finish() -> None:
-            for flat, out, ins in finishes:
-                off = sum(t.numel() for t in ins[:self._rank])
-                out.copy_(flat[off:off + out.numel()].view(out.shape))
+            for flat, out in finishes:
+                n = out.numel()
+                out.copy_(flat[self._rank * n:(self._rank + 1) * n].view(out.shape))
 
         return HFReduceWork(works, output_tensors, finish)
 
@@ -267,8 +288,7 @@ class HFReduceProcessGroup(ProcessGroup):
             raise InvalidArgument(f"reduce_scatter_tensor: input holds {inp.numel()} elements, expected world size "
                                   f"{self._size} x {n}", collective="reduce_scatter_tensor")
         flat = inp.reshape(-1).clone()  # the input stays as it was, as under other backends
-        work = self.comm.allreduce(flat, op=op, async_op=True)
-        return HFReduceWork([work], [output],
+        return HFReduceWork(self._scatter_reduce(flat, n, op), [output],
                             lambda: output.copy_(flat[self._rank * n:(self._rank + 1) * n].view(output.shape)))
 
     _reduce_scatter_base = reduce_scatter_single  # the name torch < 2.10 calls

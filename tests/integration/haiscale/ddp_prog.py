@@ -244,6 +244,27 @@ def mode_backend(comm: Any, rank: int, world: int) -> dict[str, Any]:
     rst = torch.zeros(2)
     dist.reduce_scatter_tensor(rst, torch.arange(2 * world, dtype=torch.float32) + rank)
     out["reduce_scatter_tensor"] = rst.tolist()
+    # large: one broadcast / reduce per rank (the fan-out path), checked against what it must give
+    n = 20_000  # 80 KB of float32 per rank, above FANOUT_MIN_BYTES
+    mine = torch.arange(n, dtype=torch.float32) * (rank + 1)
+    mine[0] = -0.0  # kept as -0.0 by broadcasts (an allreduce with zeros would give +0.0)
+    big = torch.empty(world * n)
+    w = dist.all_gather_into_tensor(big, mine, async_op=True)
+    w.wait()
+    want = torch.cat([torch.arange(n, dtype=torch.float32) * (r + 1) for r in range(world)])
+    out["big_all_gather_ok"] = bool(torch.equal(big, want)) and str(big[0].item()) == "-0.0"
+    outs = [torch.empty(n) for _ in range(world)]
+    dist.all_gather(outs, mine)
+    out["big_all_gather_list_ok"] = bool(torch.equal(torch.cat(outs), want))
+    inp = torch.arange(world * n, dtype=torch.float32) + rank
+    dst = torch.empty(n)
+    dist.reduce_scatter_tensor(dst, inp)
+    full = sum(torch.arange(world * n, dtype=torch.float32) + r for r in range(world))
+    out["big_reduce_scatter_tensor_ok"] = bool(torch.equal(dst, full[rank * n:(rank + 1) * n]))
+    out["input_untouched"] = bool(torch.equal(inp, torch.arange(world * n, dtype=torch.float32) + rank))
+    dst2 = torch.empty(n)
+    dist.reduce_scatter(dst2, list(inp.chunk(world)), op=dist.ReduceOp.MAX)
+    out["big_reduce_scatter_max_ok"] = bool(torch.equal(dst2, (inp - rank + world - 1)[rank * n:(rank + 1) * n]))
     r = torch.full((2,), float(rank + 1))
     dist.reduce(r, dst=0)
     out["reduce_to_0"] = r.tolist()

@@ -122,6 +122,9 @@ def test_backend_collectives(runs: dict[str, Any]) -> None:
         assert r["broadcast_from_1"] == [8.0] * 3
         assert r["all_gather"] == [[0.0, -1.0], [1.0, -2.0]]
         assert r["all_gather_into_tensor"] == [1, 1, 1, 2, 2, 2]
+        # large ones go out as one broadcast / reduce per rank
+        assert r["big_all_gather_ok"] and r["big_all_gather_list_ok"]
+        assert r["big_reduce_scatter_tensor_ok"] and r["big_reduce_scatter_max_ok"] and r["input_untouched"]
     # reduce_scatter: rank k gets sum over ranks r of (k+1)*(r+1) = 3(k+1)
     assert r0["reduce_scatter"] == [3.0, 3.0] and r1["reduce_scatter"] == [6.0, 6.0]
     # reduce_scatter_tensor: input arange(4) + rank, summed = 2*arange(4) + 1; rank k gets elements 2k, 2k+1
