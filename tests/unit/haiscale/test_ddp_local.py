@@ -192,3 +192,20 @@ def test_backend_ops_it_lacks_raise_naming_the_op() -> None:
     assert out[0][0].tolist() == [0.0, 1.0, 2.0]
     fut = pg.allreduce([torch.ones(2)], AllreduceOptions()).get_future()
     assert fut.wait()[0].tolist() == [1.0, 1.0]
+
+
+def test_haiscale_shim_and_backend_registration() -> None:
+    import tomllib
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    import haiscale.ddp
+    import haiscale.hooks
+    from fireflyer.haiscale import ddp, hooks
+
+    assert haiscale.ddp.DistributedDataParallel is ddp.DistributedDataParallel
+    assert haiscale.hooks.bf16_compress_hook is hooks.bf16_compress_hook
+    assert "HFREDUCE" in dist.Backend._plugins  # importing the package registered the backend
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())
+    assert "haiscale*" in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
