@@ -38,6 +38,7 @@ BENCHES: dict[str, str] = {
     "ckpt": "fireflyer.bench.ckpt",
     "kv": "fireflyer.bench.kv",
     "sched": "fireflyer.bench.sched",
+    "health": "fireflyer.bench.health",
 }
 
 #: modules that add subcommands; imported lazily so ``ff --help`` stays fast
