@@ -107,12 +107,12 @@ def clean_run(nodes: int, ops: int, seed: int, config: C4Config) -> dict[str, An
         np.median(op.edge_s)
         t_med += time.perf_counter() - t1
         t_cls += t1 - t
-    return {"ops": ops, "incidents": len(incidents), "first": [msgspec_plain(x) for x in incidents[:3]],
+    return {"ops": ops, "incidents": len(incidents), "first": [_incident_brief(x) for x in incidents[:3]],
             "classifier_us_per_op": round(t_cls / ops * 1e6, 1), "median_us_per_op": round(t_med / ops * 1e6, 1),
             "classifier_over_median": round(t_cls / t_med, 2) if t_med else None}
 
 
-def msgspec_plain(inc: Incident) -> dict[str, Any]:
+def _incident_brief(inc: Incident) -> dict[str, Any]:
     return {"syndrome": inc.syndrome, "target": inc.target, "nodes": inc.nodes, "link": inc.link, "seq": inc.seq}
 
 

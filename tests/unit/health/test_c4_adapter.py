@@ -8,7 +8,14 @@ import pytest
 
 from fireflyer.coord.opstats import OpStatsStore
 from fireflyer.core.errors import InvalidArgument
-from fireflyer.health.c4 import COMM_HANG, NONCOMM_HANG, NONCOMM_SLOW, C4Config, C4Detector, trace_from_records
+from fireflyer.health.c4 import (
+    COMM_HANG,
+    NONCOMM_HANG,
+    NONCOMM_SLOW,
+    C4Config,
+    C4Detector,
+    trace_from_records,
+)
 from fireflyer.hfreduce.telemetry import OpRecord
 from fireflyer.hfreduce.types import OpStats, PeerStats
 
