@@ -192,7 +192,8 @@ class C4Detector:
     def poll(self, op: OpTrace, now: float) -> list[Incident]:
         """Classify ``op`` if it is still outstanding ``deadline_s`` after its first arrival."""
         cfg = self.config
-        if op.complete or now - op.t0 < cfg.deadline_s:
+        # (a hair of slack: ``t0 + deadline - t0`` is not always ``deadline`` in floating point)
+        if op.complete or now - op.t0 < cfg.deadline_s - 1e-9:
             return []
         waited = now - op.t0
         missing = np.flatnonzero(np.isnan(op.arrival))
