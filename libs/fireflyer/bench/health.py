@@ -62,8 +62,9 @@ def run_trial(spec: TraceSpec, fault: Fault, config: C4Config, poll_s: float) ->
 
 
 def fault_trials(nodes: int, trials: int, seed: int, config: C4Config, *, poll_s: float = 0.5,
-                 warmup: int = 10, after: int = 20) -> dict[str, Any]:
+                 warmup: int = 10, after: int = 20, magnitude: dict[str, float] | None = None) -> dict[str, Any]:
     """Per fault kind: detections, wrong incidents and delays over ``trials`` random traces."""
+    mag = MAGNITUDE | (magnitude or {})
     rng = np.random.default_rng(seed)
     out: dict[str, Any] = {}
     for kind in FAULT_KINDS:
@@ -74,7 +75,7 @@ def fault_trials(nodes: int, trials: int, seed: int, config: C4Config, *, poll_s
             node = int(rng.integers(nodes))
             peer = int((node + rng.choice([1, -1, 2, -2])) % nodes)
             start = warmup + int(rng.integers(config.persist_n))
-            fault = Fault(kind=kind, node=node, peer=peer, start=start, magnitude=MAGNITUDE[kind])
+            fault = Fault(kind=kind, node=node, peer=peer, start=start, magnitude=mag[kind])
             spec = TraceSpec(nodes=nodes, ops=start + after, seed=seed * 100_003 + i * 7 + FAULT_KINDS.index(kind))
             incidents, fault_t = run_trial(spec, fault, config, poll_s)
             want = expected(fault)
@@ -117,7 +118,7 @@ def _incident_brief(inc: Incident) -> dict[str, Any]:
 
 
 def bench_health(sizes: Sequence[int], *, trials: int, clean_ops: Sequence[int], seed: int,
-                 config: C4Config, poll_s: float = 0.5) -> dict[str, Any]:
+                 config: C4Config, poll_s: float = 0.5, magnitude: dict[str, float] | None = None) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     tp = fp = det = total = 0
     slow_delay: list[int] = []
@@ -125,7 +126,7 @@ def bench_health(sizes: Sequence[int], *, trials: int, clean_ops: Sequence[int],
     clean_incidents = 0
     for nodes, n_clean in zip(sizes, clean_ops, strict=True):
         t = time.perf_counter()
-        faults = fault_trials(nodes, trials, seed, config, poll_s=poll_s)
+        faults = fault_trials(nodes, trials, seed, config, poll_s=poll_s, magnitude=magnitude)
         clean = clean_run(nodes, n_clean, seed + 1, config)
         results.append({"nodes": nodes, "faults": faults, "clean": clean,
                         "seconds": round(time.perf_counter() - t, 2)})
@@ -156,6 +157,7 @@ def bench_health(sizes: Sequence[int], *, trials: int, clean_ops: Sequence[int],
         {"goal": "no incident on clean ops", "value": clean_incidents, "target": 0, "met": clean_incidents == 0},
     ]
     return {"bench": "health", "seed": seed, "trials_per_fault": trials, "poll_s": poll_s,
+            "magnitude": MAGNITUDE | (magnitude or {}),
             "config": {f: getattr(config, f) for f in config.__struct_fields__},
             "sizes": results, "summary": summary, "goals": goals, "flashcut": replay_table_viii()}
 
@@ -168,6 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="fault-free ops per size, one value or one per size (default 10000)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--deadline-s", type=float, default=C4Config().deadline_s, help="op hang deadline (default 30)")
+    p.add_argument("--delay-s", type=float, default=MAGNITUDE["delay"], help="how late the delayed node is (default 0.1)")
+    p.add_argument("--slow-factor", type=float, default=MAGNITUDE["slow_cell"],
+                   help="how much slower the slow cell and NIC row are (default 3)")
     p.add_argument("--poll-s", type=float, default=0.5, help="how often a hung op is polled (default 0.5)")
     add_json_option(p)
     ns = p.parse_args(argv)
@@ -181,7 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(clean) != len(sizes) or min(sizes, default=0) < 8 or ns.trials < 1 or min(clean) < 1:
         p.error("need --nodes >= 8 each, --trials >= 1, and --clean-ops >= 1 (one value, or one per size)")
     config = C4Config(deadline_s=ns.deadline_s)
-    result = bench_health(sizes, trials=ns.trials, clean_ops=clean, seed=ns.seed, config=config, poll_s=ns.poll_s)
+    magnitude = {"delay": ns.delay_s, "slow_cell": ns.slow_factor, "slow_row": ns.slow_factor}
+    result = bench_health(sizes, trials=ns.trials, clean_ops=clean, seed=ns.seed, config=config, poll_s=ns.poll_s,
+                          magnitude=magnitude)
 
     def human() -> None:
         print(json.dumps(result, indent=2))

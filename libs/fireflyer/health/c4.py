@@ -74,14 +74,17 @@ class C4Config(msgspec.Struct, frozen=True, kw_only=True):
     nic_min_cells: int = 2
     #: ... and the share of that node's cells in the row (column) they must make up
     nic_min_share: float = 0.5
+    #: a node whose outlier cells change peers from op to op is its NIC when they come in this many of
+    #: the last ``persist_n`` ops (stricter than ``persist_k``: a node has several cells for noise to hit)
+    nic_spread_k: int = 4
 
     def validate(self) -> C4Config:
         if self.deadline_s <= 0 or self.z_threshold <= 0:
             raise InvalidArgument(f"C4Config: deadline_s ({self.deadline_s}) and z_threshold "
                                   f"({self.z_threshold}) must be > 0; fix the health config")
-        if not 1 <= self.persist_k <= self.persist_n:
-            raise InvalidArgument(f"C4Config: need 1 <= persist_k ({self.persist_k}) <= persist_n "
-                                  f"({self.persist_n}); fix the health config")
+        if not 1 <= self.persist_k <= self.persist_n or not 1 <= self.nic_spread_k <= self.persist_n:
+            raise InvalidArgument(f"C4Config: need 1 <= persist_k ({self.persist_k}) and nic_spread_k "
+                                  f"({self.nic_spread_k}) <= persist_n ({self.persist_n}); fix the health config")
         return self
 
 
@@ -302,10 +305,29 @@ class C4Detector:
             a, b = int(src[i]), int(dst[i])
             key: tuple[Any, ...] = ("nic", a) if a in nic else ("nic", b) if b in nic else ("link", min(a, b), max(a, b))
             zmax[key] = max(zmax.get(key, 0.0), float(z[i]))
-        for key, zk in zmax.items():
-            ops = self._persist.hit(key, op.seq)
+        hits = {key: self._persist.hit(key, op.seq) for key in zmax}
+        # a NIC that is only somewhat slow shows as a different one of its cells in each op, so no
+        # single link persists: the node is the NIC when it had outlier cells in ``nic_spread_k`` of
+        # the last ``persist_n`` ops, with ``nic_min_cells`` peers or more, none of them a persistent link
+        for key in [k for k in zmax if k[0] == "link" and hits[k] is None]:
+            for end in key[1:]:
+                spread = self._spread(end, op.seq)
+                if spread is not None and ("nic", end) not in hits:
+                    hits[("nic", end)] = spread
+                    zmax[("nic", end)] = zmax[key]
+        for key, zk in list(zmax.items()):
+            ops = hits[key]
             if ops is None:
                 continue
+            if key[0] == "link":
+                # a NIC slightly slow shows as a different one of its cells in each op: a node that
+                # is an endpoint of outlier links to several peers within the window is the NIC
+                node = self._nic_across_ops(key[1], key[2], op.seq)
+                for end in key[1:]:  # a NIC already named explains its links (reported once: no new incident)
+                    if (COMM_SLOW, "node", (end,)) in self._reported:
+                        node = end
+                if node is not None:
+                    key = ("nic", node)
             if key[0] == "nic":
                 node = key[1]
                 out += self._new(Incident(
@@ -324,6 +346,38 @@ class C4Detector:
                     detail=f"link {a}<->{b} is a transfer-time outlier (z {zk:.1f}) in {len(ops)} of the last "
                            f"{cfg.persist_n} ops while both nodes' other connections are normal"))
         return out
+
+    def _spread(self, node: int, seq: int) -> list[int] | None:
+        """The ops in which ``node`` had outlier cells, when they make the spread-NIC pattern (see :meth:`_edges`)."""
+        cfg = self.config
+        ops: set[int] = set()
+        partners = 0
+        for key, q in self._persist.hits.items():
+            if key[0] != "link" or node not in key[1:]:
+                continue
+            recent = [s for s in q if s > seq - self._persist.n]
+            if not recent:
+                continue
+            if len(recent) >= cfg.persist_k:
+                return None  # one link explains it
+            partners += 1
+            ops.update(recent)
+        if len(ops) >= cfg.nic_spread_k and partners >= cfg.nic_min_cells:
+            return sorted(ops)
+        return None
+
+    def _nic_across_ops(self, a: int, b: int, seq: int) -> int | None:
+        """``a`` or ``b`` when it is the endpoint of recent outlier links to ``nic_min_cells`` peers or more."""
+        peers: dict[int, set[int]] = {a: set(), b: set()}
+        for key, q in self._persist.hits.items():
+            # a partner link counts with two hits in the window: one is what noise gives now and then
+            if key[0] != "link" or len(q) < 2 or q[-1] <= seq - self._persist.n:
+                continue
+            for end, other in ((key[1], key[2]), (key[2], key[1])):
+                if end in peers:
+                    peers[end].add(other)
+        best = max((a, b), key=lambda n: (len(peers[n]), -n))
+        return best if len(peers[best]) >= self.config.nic_min_cells else None
 
     def feed(self, ops: Iterable[OpTrace], now: float | None = None) -> list[Incident]:
         """Observe finished ops in order; poll unfinished ones at ``now`` (default: never hung)."""

@@ -164,3 +164,27 @@ def test_config_is_checked() -> None:
         C4Detector(C4Config(persist_k=6, persist_n=5))
     with pytest.raises(InvalidArgument, match="deadline_s"):
         C4Detector(C4Config(deadline_s=0))
+
+
+def test_a_nic_showing_one_cell_per_op_is_still_the_nic() -> None:
+    # node 6's NIC: each op a different one of its four connections is the outlier
+    det = C4Detector()
+    found: list[Incident] = []
+    for op in generate(TraceSpec(nodes=16, ops=24, seed=6)):
+        if op.seq >= 5:
+            peer = (6 + (1, -1, 2, -2)[op.seq % 4]) % 16
+            op.edge_s[(op.edge_src == 6) & (op.edge_dst == peer)] *= 3
+        found += det.observe(op)
+    assert [(i.syndrome, i.target, i.nodes) for i in found] == [(COMM_SLOW, "node", [6])]
+
+
+def test_a_named_nic_explains_its_links_later() -> None:
+    det = C4Detector()
+    found: list[Incident] = []
+    for op in generate(TraceSpec(nodes=16, ops=30, seed=7)):
+        if 5 <= op.seq < 12:
+            op.edge_s[op.edge_src == 6] *= 3  # the whole row: the NIC is named
+        elif op.seq >= 12:
+            op.edge_s[(op.edge_src == 6) & (op.edge_dst == 7)] *= 3  # then only one of its cells
+        found += det.observe(op)
+    assert [(i.syndrome, i.target, i.nodes) for i in found] == [(COMM_SLOW, "node", [6])]
