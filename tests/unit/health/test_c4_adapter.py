@@ -70,3 +70,13 @@ def test_hangs_through_records() -> None:
     per_node = {n: _rec(n, 4, 70.0, done=False) for n in range(4)}
     (inc,) = det.poll(trace_from_records(per_node, 4, stalled=[(1, 2), (2, 1)]), now=81.0)
     assert (inc.syndrome, inc.target, inc.link) == (COMM_HANG, "link", [1, 2])
+
+
+def test_a_node_with_missing_local_ranks_has_not_entered() -> None:
+    per_node = {n: _rec(n, 2, 20.0, done=False) for n in range(3)}
+    per_node[1] = OpRecord(comm="job/c", seq=2, kind="allreduce", op="sum", dtype="float32", count=1, node_rank=1,
+                           started_at=20.0, arrivals={0: 20.0}, missing=[1])
+    tr = trace_from_records(per_node, 3)
+    assert math.isnan(tr.arrival[1]) and not math.isnan(tr.arrival[0])
+    (inc,) = C4Detector(C4Config(deadline_s=5.0)).poll(tr, now=tr.t0 + 5.0)
+    assert (inc.syndrome, inc.nodes) == (NONCOMM_HANG, [1])
