@@ -258,11 +258,13 @@ class C4Detector:
         idx = np.flatnonzero(np.isfinite(op.arrival))
         arr = op.arrival[idx]
         span = float(np.nanmax(op.finish)) if op.nodes else 0.0
+        late: list[int] = []
         if len(arr) >= 3:
             z, med, mad = robust_z(arr, cfg.mad_floor_s)
             guard = med + max(cfg.min_lag_excess_s, cfg.min_rel_excess * span)
             for n in np.flatnonzero((z > cfg.z_threshold) & (arr > guard)):
                 node = int(idx[n])
+                late.append(node)
                 ops = self._persist.hit(("lag", node), op.seq)
                 if ops is not None:
                     out += self._new(Incident(
@@ -271,15 +273,22 @@ class C4Detector:
                         at=op.t0 + float(arr[n]), action=DRAIN_AND_RESTART,
                         detail=f"node {node} arrived {arr[n] - med:.3f}s after the median node (z {z[n]:.1f}) "
                                f"in {len(ops)} of the last {cfg.persist_n} ops"))
-        if op.edge_s is not None and int(np.isfinite(op.edge_s).sum()) >= 3:
-            out += self._edges(op)
+        if op.edge_s is not None and len(op.edge_s) >= 3:
+            out += self._edges(op, late)
         if self._ops_seen % (4 * cfg.persist_n) == 0:
             self._persist.age(op.seq)
         return out
 
-    def _edges(self, op: OpTrace) -> list[Incident]:
+    def _edges(self, op: OpTrace, late: list[int]) -> list[Incident]:
         cfg = self.config
-        keep = np.flatnonzero(np.isfinite(op.edge_s))
+        ok = np.isfinite(op.edge_s)
+        if late:
+            # a late node's peers spend the wait in socket calls with it: its cells are explained by
+            # its arrival, not by its NIC (C4 reads arrival before the transfer matrix for this reason)
+            ok &= ~np.isin(op.edge_src, late) & ~np.isin(op.edge_dst, late)
+        keep = np.flatnonzero(ok)
+        if len(keep) < 3:
+            return []
         s = op.edge_s[keep]
         z, med, mad = robust_z(s, cfg.mad_floor_s)
         guard = med + max(cfg.min_edge_excess_s, cfg.min_rel_excess * med)

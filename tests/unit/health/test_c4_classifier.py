@@ -188,3 +188,16 @@ def test_a_named_nic_explains_its_links_later() -> None:
             op.edge_s[(op.edge_src == 6) & (op.edge_dst == 7)] *= 3  # then only one of its cells
         found += det.observe(op)
     assert [(i.syndrome, i.target, i.nodes) for i in found] == [(COMM_SLOW, "node", [6])]
+
+
+def test_a_late_nodes_waiting_peers_do_not_blame_its_nic() -> None:
+    # node 3 arrives 0.1 s late and its peers' socket time with it grows by the wait
+    det = C4Detector()
+    found: list[Incident] = []
+    for op in generate(TraceSpec(nodes=16, ops=20, seed=8)):
+        if op.seq >= 5:
+            op.arrival[3] += 0.1
+            touch = (op.edge_src == 3) | (op.edge_dst == 3)
+            op.edge_s[touch] += 0.1
+        found += det.observe(op)
+    assert [(i.syndrome, i.nodes) for i in found] == [(NONCOMM_SLOW, [3])]
