@@ -39,6 +39,7 @@ BENCHES: dict[str, str] = {
     "kv": "fireflyer.bench.kv",
     "sched": "fireflyer.bench.sched",
     "ddp": "fireflyer.bench.ddp",
+    "health": "fireflyer.bench.health",
 }
 
 #: modules that add subcommands; imported lazily so ``ff --help`` stays fast
