@@ -1,0 +1,11 @@
+"""Node health: find broken hardware before it breaks a job, and read what the kernel reports.
+
+- :mod:`.xid` — NVIDIA Xid events from kernel logs (dmesg, ``dmesg -T``, journal shapes), the Xid
+  table as data (category, actions, who is to blame) and counts per category;
+- :mod:`.checks` — the validator's checks (hardware and links, CPU stress, memory bandwidth and
+  patterns, GEMM with checksums, intra-node allreduce, storage bandwidth), each returning a
+  :class:`~.checks.result.CheckResult` with evidence and each with a fault-injection switch, and
+  ``run_level`` running them at DCGM-like levels against a per-node baseline.
+
+See docs/health.md.  Submodules are imported on use, so ``import fireflyer.health`` stays light.
+"""
