@@ -143,12 +143,20 @@ def test_gemm_checksums_and_injections() -> None:
 
 def test_abft_catches_a_corrupted_input_after_the_product() -> None:
     rng = np.random.default_rng(1)
-    a, b = rng.standard_normal((64, 64), dtype=np.float32), rng.standard_normal((64, 64), dtype=np.float32)
+    a, b = rng.standard_normal((64, 48), dtype=np.float32), rng.standard_normal((48, 80), dtype=np.float32)
     c = a @ b
-    assert abft_verify(a, b, c)[:2] == ([], [])
+    assert abft_verify(a, b, c, block=16)[:2] == ([], [])
     a[3, 5] += 1.0  # the checksums were taken from different data than the product
-    rows, _cols, worst = abft_verify(a, b, c)
+    rows, _cols, worst = abft_verify(a, b, c, block=16)
     assert rows == [3] and worst > 1
+
+
+def test_gemm_torch_path_on_the_host() -> None:
+    """The path a GPU takes (torch tensors, checked where they live), run on the CPU."""
+    clean = check_gemm(Baseline(), n=80, device="torch:cpu")
+    assert clean.status is Status.PASS and clean.evidence["device"] == "torch:cpu"
+    bad = check_gemm(Baseline(), n=80, device="torch:cpu", inject="corrupt")
+    assert bad.status is Status.FAIL and "element (26, 53)" in bad.summary
 
 
 # --- allreduce ----------------------------------------------------------------------------------------------------
