@@ -178,7 +178,7 @@ _DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
 # The prefixes, outermost first; each leaves the rest of the line in group "rest".
 _DMESG = re.compile(r"^\[\s*(?P<up>\d+\.\d+)\]\s?(?P<rest>.*)$")
 _DMESG_T = re.compile(rf"^\[(?P<ts>{_DAY} {_MONTH} [ \d]\d \d\d:\d\d:\d\d \d{{4}})\]\s?(?P<rest>.*)$")
-_SYSLOG = re.compile(rf"^(?P<ts>{_MONTH} [ \d]\d \d\d:\d\d:\d\d) (?P<host>\S+) (?P<tag>[^:\s]+):\s?(?P<rest>.*)$")
+_SYSLOG = re.compile(rf"^(?P<ts>{_MONTH} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?) (?P<host>\S+) (?P<tag>[^:\s]+):\s?(?P<rest>.*)$")
 _ISO = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) (?P<host>\S+) "
                   r"(?P<tag>[^:\s]+):\s?(?P<rest>.*)$")
 _FACILITY = re.compile(r"^(?:kern|user|daemon|syslog)\s*:\s*(?:emerg|alert|crit|err|warn|notice|info|debug)\s*:\s?"

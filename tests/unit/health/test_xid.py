@@ -51,6 +51,8 @@ SHAPES = [
     ("[ 6.1] NVRM: Xid (PCI:0000:18:00): 95, pid=1766, name=python, Uncontained: FBHUB. RST: Yes, D-RST: No",
      95, "0000:18:00", None, 1766, "python", "Uncontained: FBHUB"),
     ("[ 6.2] NVRM: Xid (PCI:0000:18:00): 64", 64, "0000:18:00", None, None, "", ""),
+    ("Mar 05 10:11:12.345678 gpu3 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, "
+     "GPU has fallen off the bus.", 79, "0000:3b:00", None, None, "", "GPU has fallen off the bus."),
 ]
 
 
