@@ -65,6 +65,13 @@ def test_hardware_fixture_trees_with_faults_fail(tmp_path: Path, tree: dict, exp
     assert r.status is Status.FAIL and expect in r.summary, r.summary
 
 
+def test_hardware_injection_the_spec_would_not_notice_is_an_error(sysfs: Path) -> None:
+    from fireflyer.health.checks import NodeSpec
+
+    r = check_hardware(NodeSpec(), str(sysfs), inject="nic_down")
+    assert r.status is Status.ERROR and "does not check it" in r.summary
+
+
 def test_hardware_throttled_cpu_fails_when_the_spec_asks(tmp_path: Path) -> None:
     from fireflyer.health.checks import NodeSpec
 

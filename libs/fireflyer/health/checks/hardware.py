@@ -167,6 +167,13 @@ def check_hardware(spec: NodeSpec, sysfs_root: str = "/sys", *, inject: str = ""
         return CheckResult("hardware", Status.ERROR, f"cannot read {sysfs_root}: {e}", {"sysfs_root": sysfs_root},
                            time.perf_counter() - t0, inject)
     if inject:
+        # an injected fault must be one the spec would notice; otherwise the run proves nothing
+        target = {"cpu_freq": spec.cpu_max_mhz > 0 and reading.cpus, "cpu_governor": spec.cpu_governor and reading.cpus,
+                  "nic_speed": spec.nics, "nic_down": spec.nics, "pcie_width": spec.pcie, "pcie_speed": spec.pcie}
+        if inject in target and not target[inject]:
+            return CheckResult("hardware", Status.ERROR, f"cannot inject {inject}: the spec does not check it (or "
+                               f"the sysfs root has no such device)", {"sysfs_root": sysfs_root},
+                               time.perf_counter() - t0, inject)
         reading = inject_hardware(reading, inject)
     status, problems, evidence = judge_hardware(reading, spec)
     summary = "; ".join(problems) if problems else (
