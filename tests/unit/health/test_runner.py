@@ -39,7 +39,7 @@ def baseline(sysfs: Path, tmp_path: Path) -> Baseline:
         assert report.status is Status.PASS, [r.summary for r in report.failed]
         for k, v in baseline_from(report).values.items():
             values[k] = max(values.get(k, 0.0), v)
-    return Baseline(values=values, fraction=0.2)
+    return Baseline(values=values, fraction=0.1)  # CI is noisy; an injected slowdown is 20x
 
 
 def test_a_clean_level_passes_every_check(sysfs: Path, tmp_path: Path, baseline: Baseline) -> None:
@@ -47,7 +47,7 @@ def test_a_clean_level_passes_every_check(sysfs: Path, tmp_path: Path, baseline:
                                     "allreduce_busbw_gbps", "storage_write_mbps", "storage_read_mbps"}
     report = _run(sysfs, tmp_path, baseline)
     assert [r.check for r in report.results] == list(CHECKS)
-    assert report.status is Status.PASS and report.not_run == {}
+    assert report.status is Status.PASS and report.not_run == {}, [r.summary for r in report.failed]
 
 
 @pytest.mark.parametrize("check,fault", [(c, f) for c, faults in INJECTIONS.items() for f in faults])
