@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .result import Baseline, CheckResult, Status
+from .result import Baseline, CheckResult, Status, slow_down
 
 __all__ = ["INJECTIONS", "METRIC", "lcg_jump", "check_cpu"]
 
@@ -43,7 +43,7 @@ def _seeds(worker: int, n: int) -> np.ndarray:
     return np.arange(n, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(worker + 1)
 
 
-def _work(worker: int, n: int, rounds: int, inject: str) -> tuple[np.ndarray, float]:
+def _work(worker: int, n: int, rounds: int, inject: str, expected_s: float) -> tuple[np.ndarray, float]:
     t0 = time.perf_counter()
     x = _seeds(worker, n)
     a, c = np.uint64(_A), np.uint64(_C)
@@ -55,9 +55,7 @@ def _work(worker: int, n: int, rounds: int, inject: str) -> tuple[np.ndarray, fl
         x[n // 2] ^= np.uint64(1 << 17)  # one flipped bit, as a bad ALU or cache line would leave it
     elapsed = time.perf_counter() - t0
     if inject == "throttle" and worker == 0:
-        # a core at a twentieth of its clock: the same work takes twenty times as long
-        time.sleep(19 * elapsed)
-        elapsed = time.perf_counter() - t0
+        elapsed = slow_down(elapsed, expected_s)  # a core at a twentieth of its clock
     return x, elapsed
 
 
@@ -80,7 +78,8 @@ def check_cpu(baseline: Baseline, *, workers: int | None = None, n: int = 4096, 
     workers = workers or os.cpu_count() or 1
     t0 = time.perf_counter()
     with ThreadPoolExecutor(workers, thread_name_prefix="ff-health-cpu") as pool:
-        outs = list(pool.map(lambda w: _work(w, n, rounds, inject), range(workers)))
+        expected = baseline.expected_s(METRIC, n * rounds)
+        outs = list(pool.map(lambda w: _work(w, n, rounds, inject, expected), range(workers)))
     wall = time.perf_counter() - t0
     rates = [n * rounds / max(e, 1e-9) for _, e in outs]
     mism = {w: _first_mismatch(got, _expected(w, n, rounds)) for w, (got, _) in enumerate(outs)}

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .result import Baseline, CheckResult, Status
+from .result import Baseline, CheckResult, Status, slow_down
 
 __all__ = ["INJECTIONS", "METRIC", "gemm_size", "abft_verify", "check_gemm"]
 
@@ -157,9 +157,8 @@ def check_gemm(baseline: Baseline, *, budget_bytes: int = 64 << 20, n: int | Non
     except Exception as e:  # noqa: BLE001 - a device that cannot run a GEMM is the finding
         return CheckResult("gemm", Status.ERROR, f"GEMM {n}x{n} on {dev} failed: {e}", {"n": n, "device": dev},
                            time.perf_counter() - t_all, inject)
-    if inject == "slow":
-        time.sleep(19 * dt)  # a clocked-down GPU: a twentieth of its speed
-        dt *= 20
+    if inject == "slow":  # a clocked-down GPU: a twentieth of its speed
+        dt = slow_down(dt, baseline.expected_s(METRIC, 2 * n ** 3 / 1e9))
     if inject == "corrupt":
         i, j = n // 3, (2 * n) // 3
         # one wrong element, as a bad SM or HBM word leaves it (max and min: no n×n temporary on a full GPU)

@@ -15,7 +15,11 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["Status", "CheckResult", "Baseline", "NicSpec", "PcieSpec", "NodeSpec", "timed", "worst"]
+__all__ = ["Status", "CheckResult", "Baseline", "NicSpec", "PcieSpec", "NodeSpec", "timed", "worst", "SLOWDOWN",
+           "slow_down"]
+
+#: how much slower an injected slow fault makes a run (the hardware at a twentieth of its speed)
+SLOWDOWN = 20
 
 Evidence = dict[str, Any]
 
@@ -71,6 +75,11 @@ class Baseline(msgspec.Struct, frozen=True):
             return True, {**ev, "baseline": None}
         return measured >= t, {**ev, "baseline": self.values[metric], "threshold": t, "fraction": self.fraction}
 
+    def expected_s(self, metric: str, work: float) -> float:
+        """Seconds ``work`` (in the metric's units: steps, GB, GFLOP, MB) takes at the baseline rate; 0 if unknown."""
+        v = self.values.get(metric)
+        return work / v if v and v > 0 else 0.0
+
     def with_values(self, values: dict[str, float]) -> Baseline:
         return Baseline(values={**self.values, **values}, fraction=self.fraction)
 
@@ -102,6 +111,15 @@ class NodeSpec(msgspec.Struct, frozen=True):
     cpu_governor: str = ""
     nics: tuple[NicSpec, ...] = ()
     pcie: tuple[PcieSpec, ...] = ()
+
+
+def slow_down(elapsed: float, expected: float = 0.0) -> float:
+    """Injected slowness: sleep so that the run took ``SLOWDOWN`` times as long as it did or as the
+    baseline says it should (whichever is longer, so the fault shows through a noisy baseline);
+    returns the new elapsed time."""
+    total = SLOWDOWN * max(elapsed, expected)
+    time.sleep(max(0.0, total - elapsed))
+    return total
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:

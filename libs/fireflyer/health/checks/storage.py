@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .result import Baseline, CheckResult, Status
+from .result import Baseline, CheckResult, Status, slow_down
 
 __all__ = ["INJECTIONS", "WRITE_METRIC", "READ_METRIC", "check_storage"]
 
@@ -24,11 +24,15 @@ WRITE_METRIC = "storage_write_mbps"
 READ_METRIC = "storage_read_mbps"
 
 
+def _nbytes(ios: Any) -> int:
+    return sum(memoryview(d).nbytes for _, _, d in ios)
+
+
 class _Injected:
     """The file system with a fault: reads come back with one flipped byte, or writes are slow."""
 
-    def __init__(self, fs: Any, inject: str) -> None:
-        self.fs, self.inject = fs, inject
+    def __init__(self, fs: Any, inject: str, baseline: Baseline) -> None:
+        self.fs, self.inject, self.baseline = fs, inject, baseline
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.fs, name)
@@ -36,15 +40,15 @@ class _Injected:
     def batch_write(self, ios: Any) -> Any:
         t0 = time.perf_counter()
         out = self.fs.batch_write(ios)
-        if self.inject == "slow":
-            time.sleep(19 * (time.perf_counter() - t0))  # a storage path at a twentieth of its speed
+        if self.inject == "slow":  # a storage path at a twentieth of its speed
+            slow_down(time.perf_counter() - t0, self.baseline.expected_s(WRITE_METRIC, _nbytes(ios) / 1e6))
         return out
 
     def batch_read(self, ios: Any) -> Any:
         t0 = time.perf_counter()
         out = self.fs.batch_read(ios)
         if self.inject == "slow":
-            time.sleep(19 * (time.perf_counter() - t0))
+            slow_down(time.perf_counter() - t0, self.baseline.expected_s(READ_METRIC, sum(n for _, _, n in ios) / 1e6))
         if self.inject == "corrupt" and out and getattr(out[0], "error", None) is None:
             data = np.frombuffer(out[0].data, dtype=np.uint8).copy()
             data[len(data) // 2] ^= 0x40  # a flipped bit on the wire or on disk
@@ -58,7 +62,7 @@ def check_storage(fs: Any, baseline: Baseline, *, directory: str = "/health", fi
     if inject and inject not in INJECTIONS:
         raise ValueError(f"check_storage: unknown injection {inject!r}; known: {', '.join(INJECTIONS)}")
     if inject:
-        fs = _Injected(fs, inject)
+        fs = _Injected(fs, inject, baseline)
     size = max(1, int(mib * (1 << 20)))
     run = f"{directory.rstrip('/')}/check-{uuid.uuid4().hex[:12]}"
     rng = np.random.default_rng(seed)
