@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-__all__ = ["Status", "CheckResult", "Baseline", "NicSpec", "PcieSpec", "NodeSpec", "timed", "worst", "SLOWDOWN",
+__all__ = ["Status", "CheckResult", "Baseline", "NicSpec", "PcieSpec", "NodeSpec", "worst", "SLOWDOWN",
            "slow_down"]
 
 #: how much slower an injected slow fault makes a run (the hardware at a twentieth of its speed)
@@ -120,9 +119,3 @@ def slow_down(elapsed: float, expected: float = 0.0) -> float:
     total = SLOWDOWN * max(elapsed, expected)
     time.sleep(max(0.0, total - elapsed))
     return total
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
