@@ -2,6 +2,7 @@
 
     ff up | status | down        the local cluster (see fireflyer.cluster)
     ff demo                      bring a cluster up, show it working, bring it down
+    ff health xid FILE           Xid counts and shares per category in a kernel log
     ff echo TEXT                 call the diagnostic echo service (auth, tracing, NATS)
     ff bench <what> [...]        benchmarks (--json [PATH]: one JSON line on stdout, or a file)
     ff version
@@ -53,6 +54,7 @@ COMMAND_MODULES = [
     "fireflyer.cli.coord",
     "fireflyer.cli.ckpt",
     "fireflyer.cli.task",
+    "fireflyer.cli.health",
 ]
 
 

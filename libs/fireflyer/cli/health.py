@@ -1,0 +1,69 @@
+"""``ff health``: node health tools.
+
+    ff health xid FILE [--json] [--by category|group|xid]    Xid counts and shares in a kernel log
+
+FILE is a kernel log in any shape the parser reads (``dmesg``, ``dmesg -T``, ``journalctl -k``,
+``/var/log/kern.log``); ``-`` reads standard input.  ``--json`` prints one JSON object: the counts per
+category, per group (the Fire-Flyer paper's Table V) and per Xid, and the parser's statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import msgspec
+
+from fireflyer.core.errors import NotFound
+
+__all__ = ["register", "xid_table_text"]
+
+
+def xid_table_text(rows: list, title: str) -> str:
+    width = max([len(title)] + [len(r.key) for r in rows])
+    lines = [f"{title.ljust(width)}  {'COUNT':>8}  {'SHARE':>8}"]
+    lines += [f"{r.key.ljust(width)}  {r.count:>8}  {r.share_pct:>7.2f}%" for r in rows]
+    return "\n".join(lines)
+
+
+def _xid(ns: argparse.Namespace) -> int:
+    from fireflyer.health.xid import parse_lines, summarize
+
+    if ns.file == "-":
+        result = parse_lines(sys.stdin)
+    else:
+        try:
+            with open(ns.file, encoding="utf-8", errors="replace") as f:
+                result = parse_lines(f)
+        except FileNotFoundError:
+            raise NotFound(f"ff health xid: no file {ns.file!r}; give a kernel log (dmesg > FILE, "
+                           f"journalctl -k > FILE) or - for standard input", path=ns.file) from None
+    summary = summarize(result.events, result.stats)
+    if ns.json:
+        print(msgspec.json.encode(summary).decode())
+        return 0
+    rows = {"category": summary.by_category, "group": summary.by_group, "xid": summary.by_xid}[ns.by]
+    print(f"{summary.total} Xid events ({summary.blame_job} blame the job, {summary.blame_node} the node)")
+    if rows:
+        print(xid_table_text(rows, ns.by.upper()))
+    s = result.stats
+    notes = [f"{s.sxid} NVSwitch SXid lines ignored" if s.sxid else "",
+             f"{s.suppressed} messages dropped by the kernel's rate limiter (counts are a lower bound)"
+             if s.suppressed else "",
+             f"{s.malformed} unreadable Xid lines" if s.malformed else ""]
+    for n in notes:
+        if n:
+            print(n)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    health = sub.add_parser("health", help="node health tools (Xid logs)", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    hsub = health.add_subparsers(dest="health_command", metavar="WHAT", required=True)
+    xid = hsub.add_parser("xid", help="Xid counts and shares per category in a kernel log")
+    xid.add_argument("file", help="kernel log file, or - for standard input")
+    xid.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    xid.add_argument("--by", choices=("category", "group", "xid"), default="category",
+                     help="group the table by category (default), the paper's group, or Xid")
+    xid.set_defaults(func=_xid)
