@@ -52,6 +52,7 @@ COMMAND_MODULES = [
     "fireflyer.cli.coord",
     "fireflyer.cli.ckpt",
     "fireflyer.cli.task",
+    "fireflyer.cli.plan",
 ]
 
 

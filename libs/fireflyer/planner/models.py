@@ -71,5 +71,5 @@ def model_named(spec: str) -> ModelShape:
                                   argument="model", value=spec)
         return ModelShape(name=key, layers=layers, hidden=hidden, min_tensor=min_tensor)
     raise InvalidArgument(
-        f"unknown model {spec!r}; use a preset ({', '.join(MODELS)}) or LAYERSxHIDDEN[/MIN_TENSOR], e.g. 24x4096/4",
+        f"unknown model {spec!r} (--model); use a preset ({', '.join(MODELS)}) or LAYERSxHIDDEN[/MIN_TENSOR], e.g. 24x4096/4",
         argument="model", value=spec)

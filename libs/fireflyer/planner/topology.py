@@ -112,5 +112,5 @@ def topology_named(name: str) -> Topology:
     try:
         return TOPOLOGIES[name.lower()]
     except KeyError:
-        raise InvalidArgument(f"unknown topology {name!r}; known: {', '.join(sorted(TOPOLOGIES))}",
+        raise InvalidArgument(f"unknown topology {name!r} (--topology); known: {', '.join(sorted(TOPOLOGIES))}",
                               argument="topology", value=name) from None
