@@ -6,7 +6,7 @@ of the global batch (batch x seq) are split over depth x data. Per weight matrix
 ``wide`` (H x wide*H), with ``m`` = tokens per (depth, data) slice:
 
 * col group: all-reduce of the wide activations, m * wide*H / row elements, counted twice
-  (the released model counts the larger activation all-reduce twice: forward and recompute);
+  as the released model does (our reading: forward and recomputation);
 * row group: all-reduce of the narrow activations, m * H / col elements, once;
   (transposed matrices swap the two roles: row carries the wide side split over col);
 * depth group: two all-gathers and one reduce-scatter of the weight tile, wide*H*H / (col*row)
