@@ -55,6 +55,7 @@ COMMAND_MODULES = [
     "fireflyer.cli.ckpt",
     "fireflyer.cli.task",
     "fireflyer.cli.health",
+    "fireflyer.cli.plan",
 ]
 
 
