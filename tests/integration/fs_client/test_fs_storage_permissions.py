@@ -42,6 +42,10 @@ def bob_fs(fs_cluster: LocalCluster, bob_token: str) -> Iterator[FileSystem]:
         try:
             with connect(state_dir=fs_cluster.state_dir, token=bob_token) as fs:
                 fs.whoami()
+                # storage nodes re-read the tokens file on their own clocks: write and read one
+                # chunk too, so the tests below do not race the reload
+                fs.write_bytes(f"{fs.home}/.probe", b"probe")
+                fs.read_bytes(f"{fs.home}/.probe")
         except Unauthenticated:  # the services reload the tokens file shortly
             return False
         return True
@@ -78,9 +82,18 @@ def test_bob_reads_and_writes_nothing_of_alice_by_chunk_id(fs_cluster: LocalClus
     chain = layout.chain_of(0)
     routing, bare = _bare_storage(fs_cluster, bob_token)
     try:
-        with pytest.raises(CapabilityDenied) as e:  # the probe's exact call
-            bare.read(chain, ChunkId(inode_id, 0, 0))
-        assert e.value.errno == E.EACCES and e.value.fields["reason"] == "missing"
+        def refusal() -> CapabilityDenied | None:
+            try:  # the probe's exact call
+                got = bare.read(chain, ChunkId(inode_id, 0, 0))
+            except CapabilityDenied as e:
+                return e
+            except Unauthenticated:  # this storage node has not re-read the tokens file yet
+                return None
+            raise AssertionError(f"bob read {len(got)} bytes of alice's chunk")
+
+        # the fixture saw meta accept bob; each storage node re-reads the tokens file on its own clock
+        denied = wait_until(refusal, timeout_s=30.0, interval_s=0.3, what="storage to know bob's token")
+        assert denied.errno == E.EACCES and denied.fields["reason"] == "missing"
         with pytest.raises(PermissionError):
             bare.write(chain, ChunkId(inode_id, 0, 0), 0, b"bob was here", CHUNK)
     finally:
