@@ -38,6 +38,14 @@ def _id(value: int) -> int:
     return int(value)
 
 
+def _bearer(context: Any) -> str:
+    """The bearer token this call authenticated with ("" without one: auth disabled)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and isinstance(value, str) and value.lower().startswith("bearer "):
+            return value[7:].strip()
+    return ""
+
+
 def _chain(runs: list[Any]) -> pb.TaskReply:
     return pb.TaskReply(chain=convert.chain_to_pb(runs))
 
@@ -50,7 +58,10 @@ class TaskServicer(pb_grpc.TaskServiceServicer):
         who = caller()
         spec = convert.spec_from_pb(request.spec, user=request.spec.user if who.admin and request.spec.user
                                     else who.user)
-        return _chain(await self.core.create(spec, who, request.request_id))
+        # the caller's own token goes to the task's ranks (their FF_TOKEN), only when the task runs as
+        # the caller: an admin submitting for someone else has no token of theirs to give
+        credential = _bearer(context) if spec.user == who.user else ""
+        return _chain(await self.core.create(spec, who, request.request_id, credential=credential))
 
     async def Get(self, request: pb.GetRequest, context: Any) -> pb.TaskReply:
         return _chain(await self.core.chain(_id(request.id), caller()))

@@ -48,6 +48,14 @@ class RankLaunch(msgspec.Struct, frozen=True, kw_only=True):
     command: tuple[str, ...]
     watchdog_s: float
     signal: str = ""
+    #: SIGTERM -> SIGKILL grace the agent keeps for this run (the run's grace_final_s)
+    grace_s: float = 10.0
+    #: the submitter's bearer token, the ranks' FF_TOKEN (docs/scheduler.md, "The task's credential");
+    #: never logged
+    token: str = ""
+
+    def __repr__(self) -> str:  # the token stays out of logs and tracebacks
+        return f"RankLaunch(task_id={self.task_id}, rank={self.rank}, nodes={self.nodes!r})"
 
 
 @runtime_checkable
