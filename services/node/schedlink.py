@@ -14,22 +14,33 @@
   refuses for good (the run is unknown or ended) is not sent again; one that finds no scheduler is
   sent again on the next pass.  A restarted agent reports its ended tasks once more: the scheduler
   ignores reports about runs that already ended.
+- **Watchdog** (HAI's): a running task whose processes on this node have written no output for its
+  watchdog time (``fireflyer.hai.set_watchdog_time``, else the task's ``FF_WATCHDOG_S``, 1800 s by
+  default) is reported with stop code TIMEOUT and stopped; the scheduler stops its other nodes and
+  does not requeue it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from fireflyer.api.scheduler.v1 import scheduler_pb2 as spb
 from fireflyer.core.errors import FireFlyerError, Unavailable
 from fireflyer.node.model import TaskRecord
-from fireflyer.node.runtime import read_ack, read_whole_life_state
+from fireflyer.node.runtime import read_ack, read_watchdog, read_whole_life_state
 
 from .tasks import TaskManager
 
 __all__ = ["SchedLink", "exit_report"]
+
+#: the scheduler's StopCode.TIMEOUT (HAI's), the one stop code an agent reports
+TIMEOUT = 512
 
 
 def exit_report(rec: TaskRecord) -> tuple[str, int]:
@@ -113,6 +124,10 @@ class SchedLink:
                                     **base):
                     self._runtime_sent[task_id] = runtime
                     self.log.info("node.runtime_reported", task=task_id, suspend_code=ack, whole_life_state=wls)
+            if not rec.state.ended and not rec.stop_requested and self._watchdog_due(rec, d):
+                if await self._send(task_id, stop_code=TIMEOUT, **base):
+                    self.log.warning("node.watchdog", task=task_id, node=node)
+                    self.manager.stop(task_id)
             if rec.state.ended and self._runtime_sent.get(task_id, (None, None)) == runtime:
                 state, code = exit_report(rec)
                 if await self._send(task_id, state=state, exit_code=code, **base):
@@ -121,6 +136,24 @@ class SchedLink:
             self._exit_sent.discard(gone)
             self._running_sent.discard(gone)
             self._runtime_sent.pop(gone, None)
+
+    @staticmethod
+    def _watchdog_due(rec: TaskRecord, task_dir: Path, now: float | None = None) -> bool:
+        """No rank of the task on this node has written output for its watchdog time (the runtime's
+        ``set_watchdog_time``, else the task's ``FF_WATCHDOG_S``)."""
+        limit = read_watchdog(task_dir)
+        if limit is None:
+            try:
+                limit = float(rec.spec.env.get("FF_WATCHDOG_S") or 0)
+            except ValueError:
+                limit = 0.0
+        if not limit > 0:
+            return False
+        last = rec.started_at
+        for r in rec.ranks:
+            with contextlib.suppress(OSError):
+                last = max(last, os.stat(r.log).st_mtime)
+        return (time.time() if now is None else now) - last > limit
 
     async def report_loop(self) -> None:
         while True:

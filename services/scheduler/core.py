@@ -572,9 +572,11 @@ class SchedCore:
         return await self.mutate(fn, wake=False)
 
     async def report(self, run_id: int, rank: int, node: str, state: RankState | None, exit_code: int | None,
-                     suspend_code: SuspendCode | None, whole_life_state: int | None, sender: str = "") -> None:
+                     suspend_code: SuspendCode | None, whole_life_state: int | None, sender: str = "",
+                     timeout: bool = False) -> None:
         """A node agent's report about a rank on its node; only the agent that registered the node
-        (its service user) may report about it."""
+        (its service user) may report about it.  ``timeout``: the rank's watchdog fired (no output for
+        the task's watchdog time): the run stops as TIMEOUT, which is not requeued."""
         def fn(t: Txn, now: float) -> None:
             n = store.load_node(t, node)
             if n is not None and sender and n.registered_by and n.registered_by != sender:
@@ -587,6 +589,10 @@ class SchedCore:
                 return  # a late report about a run that already ended
             if not 0 <= rank < len(rec.task.ranks) or rec.task.ranks[rank].node != node:
                 raise InvalidArgument(f"run {run_id} has no rank {rank} on node {node}", field="rank")
+            if timeout and not rec.task.stop_code & StopCode.TIMEOUT:
+                rec = lifecycle.request_stop(rec, StopCode.TIMEOUT, now, f"rank {rank} on {node} printed nothing for "
+                                             f"its watchdog time ({rec.task.spec.watchdog_s:g} s or as the task set it)")
+                self.log.warning("scheduler.watchdog", task=run_id, rank=rank, node=node)
             self._apply_report(t, now, rec, rank, state, exit_code, suspend_code, whole_life_state)
         await self.mutate(fn)
 

@@ -8,6 +8,7 @@ node, ``dirname(FF_SUSPEND_FILE)``, and the agent reports what it finds (``servi
 
     suspend_ack        "2" (received: the runtime saw the flag) or "3" (can suspend: go_suspend)
     whole_life_state   the chain's state integer (decimal)
+    watchdog_s         the task's no-output watchdog, as the runtime set it (seconds)
 
 Every write is a rename into place from a name of its own, so ranks of one node writing at once
 never leave half a file, and the agent never reads one.  The handshake only moves forward: an
@@ -22,11 +23,12 @@ from pathlib import Path
 
 from .env import SUSPEND_FILE_ENV
 
-__all__ = ["ACK_FILE", "WLS_FILE", "RECEIVED", "CAN_SUSPEND", "task_dir_of", "write_ack", "write_whole_life_state",
+__all__ = ["ACK_FILE", "WLS_FILE", "WATCHDOG_FILE", "write_watchdog", "read_watchdog", "RECEIVED", "CAN_SUSPEND", "task_dir_of", "write_ack", "write_whole_life_state",
            "read_ack", "read_whole_life_state"]
 
 ACK_FILE = "suspend_ack"
 WLS_FILE = "whole_life_state"
+WATCHDOG_FILE = "watchdog_s"
 RECEIVED = 2
 CAN_SUSPEND = 3
 
@@ -69,3 +71,14 @@ def write_whole_life_state(task_dir: Path, state: int) -> None:
 
 def read_whole_life_state(task_dir: Path) -> int | None:
     return _get_int(task_dir / WLS_FILE)
+
+
+def write_watchdog(task_dir: Path, seconds: float) -> None:
+    _put(task_dir / WATCHDOG_FILE, repr(float(seconds)))
+
+
+def read_watchdog(task_dir: Path) -> float | None:
+    try:
+        return float((task_dir / WATCHDOG_FILE).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
