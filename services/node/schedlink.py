@@ -96,6 +96,7 @@ class SchedLink:
     # -- reports -----------------------------------------------------------------------------------------
     async def _send(self, key: str, **fields: Any) -> bool:
         """True when the scheduler took it, or refused it for good (do not send it again)."""
+        fields.setdefault("whole_life_state", -1)  # (0 would set it: -1 is "no change")
         try:
             await self.client.report(spb.ReportRequest(**fields))
             return True

@@ -1,0 +1,201 @@
+"""The HAI Platform end to end on an ``ff up`` cluster (issue 49): two scheduler replicas, three node
+agents (zones A, A, B) that register with them, HFReduce through coord, checkpoints through the
+checkpoint service and 3FS as the task's user.
+
+A LOW 2-node task (docs/examples/hai_resumable.py: loops steps, agrees on the suspend flag through
+HFReduce, saves through ``fireflyer.ckpt`` and calls ``go_suspend()``) is preempted by a HIGH 3-node
+task, which runs and finishes; the LOW task comes back as its chain's next run (restart_count 1,
+whole-life state 1) and continues from the step it saved.  Another user can neither see nor read it.
+One cluster serves the whole file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+from fireflyer.api.scheduler.v1 import scheduler_pb2 as pb
+from fireflyer.core.errors import PermissionDenied
+from fireflyer.sched.client import SchedClient
+from fireflyer.testing.cluster import REPO_ROOT, LocalCluster, run_ff, started_cluster
+
+pytestmark = pytest.mark.timeout(600)
+
+EXAMPLE = REPO_ROOT / "docs" / "examples" / "hai_resumable.py"
+
+CLUSTER_TOML = """
+[cluster]
+ready_timeout_s = 60.0
+stop_timeout_s = 10.0
+
+[nats]
+port = 0
+
+[[service]]
+name = "mgmtd"
+module = "services.mgmtd"
+replicas = 1
+env = { FF_MGMTD_HEARTBEAT_FAIL_INTERVAL_S = "30", FF_MGMTD_SCAN_INTERVAL_S = "1", FF_GRACE_S = "1" }
+
+[[service]]
+name = "meta"
+module = "services.meta"
+replicas = 1
+env = { FF_META_ROOT_STRIPE_SIZE = "2", FF_GRACE_S = "1" }
+
+[[service]]
+name = "storage"
+module = "services.storage"
+replicas = 3
+env = { FF_STORAGE_TARGET_COUNT = "2", FF_STORAGE_FSYNC = "false", FF_STORAGE_HEARTBEAT_INTERVAL_S = "1", FF_STORAGE_ROUTING_PULL_S = "1", FF_STORAGE_INIT_CHAINS = "nodes=3,replicas=3,table=1", FF_GRACE_S = "1" }
+
+[[service]]
+name = "checkpoint"
+module = "services.checkpoint"
+replicas = 1
+env = { FF_GRACE_S = "1" }
+
+[[service]]
+name = "coord"
+module = "services.coord"
+replicas = 1
+
+[[service]]
+name = "scheduler"
+module = "services.scheduler"
+replicas = 2
+env = { FF_SCHEDULER_LEASE_S = "10", FF_SCHEDULER_RENEW_S = "2", FF_SCHEDULER_STEP_DOWN_MARGIN_S = "2", FF_SCHEDULER_MIN_RUNTIME_S = "0", FF_SCHEDULER_TICK_S = "0.5", FF_GRACE_S = "1" }
+
+[[service]]
+name = "node"
+module = "services.node"
+replicas = 3
+env = { FF_AGENT_ZONES = "A,A,B", FF_GRACE_S = "2" }
+"""
+
+T = TypeVar("T")
+
+
+def _poll(check: Callable[[], T | None], what: str, timeout_s: float, interval_s: float = 0.1) -> T:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"not within {timeout_s} s: {what} (last: {last!r})")
+
+
+def _sched(cluster: LocalCluster, token: str, fn: Callable[[SchedClient], Any]) -> Any:
+    async def go() -> Any:
+        async with SchedClient(cluster.addresses("scheduler"), token=token) as c:
+            return await fn(c)
+    return asyncio.run(go())
+
+
+def _log(cluster: LocalCluster, token: str, task: int, rank: int) -> str:
+    async def go(c: SchedClient) -> str:
+        return b"".join([d async for d in c.logs(task, rank)]).decode(errors="replace")
+    return str(_sched(cluster, token, go))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with started_cluster(CLUSTER_TOML, tmp_path_factory.mktemp("hai") / "state") as c:
+        c.wait_chains_serving(2, timeout_s=60)
+        # the agents register with the scheduler as their heartbeat
+        nodes = _poll(lambda: (ns := _sched(c, c.admin_token, lambda s: s.nodes())) and len(ns) == 3 and ns,
+                      "three node agents registered with the scheduler", 60)
+        assert sorted((n.name, n.zone) for n in nodes) == [("node0", "A"), ("node1", "A"), ("node2", "B")]
+        yield c
+
+
+def _submit(cluster: LocalCluster, token: str, **fields: Any) -> int:
+    chain = _sched(cluster, token, lambda c: c.submit(pb.TaskSpec(**fields)))
+    return int(chain.chain_id)
+
+
+def _chain(cluster: LocalCluster, token: str, task: int) -> Any:
+    return _sched(cluster, token, lambda c: c.get(task))
+
+
+def test_low_task_is_preempted_saves_and_resumes_where_it_stopped(cluster: LocalCluster) -> None:
+    user = cluster.user_token
+    py = sys.executable
+    low = _submit(cluster, user, name="low", nodes=2, priority="LOW", grace_ack_s=20.0, grace_final_s=60.0,
+                  command=[py, str(EXAMPLE), "--steps", "50", "--step-s", "0.3", "--name", "e2e-hai-low"])
+
+    def low_stepping() -> bool:
+        r = _chain(cluster, user, low).runs[-1]
+        return (r.slurm_state == "RUNNING" and all(k.state == "running" for k in r.ranks)
+                and "step 3 restart 0" in _log(cluster, user, low, 0))
+    _poll(low_stepping, "the LOW task runs on two nodes and steps", 120, 0.5)
+    first = _chain(cluster, user, low).runs[-1]
+    assert sorted(first.nodes) == ["node0", "node1"], "a 2-node task packs inside zone A"
+
+    t_submit = time.monotonic()
+    high = _submit(cluster, user, name="high", nodes=3, priority="HIGH",
+                   command=[py, "-c", "import time, os; print('high rank', os.environ['FF_NODE_RANK'], "
+                                      "'token set', bool(os.environ.get('FF_TOKEN'))); time.sleep(3)"])
+
+    def high_running() -> Any:
+        r = _chain(cluster, user, high).runs[-1]
+        return r if r.ranks and all(k.state in ("running", "succeeded") for k in r.ranks) else None
+    _poll(high_running, "the HIGH task's ranks run", 120, 0.05)
+    latency = time.monotonic() - t_submit
+
+    # the LOW run was interrupted: it acknowledged, saved and called go_suspend (not killed by the grace)
+    runs = _chain(cluster, user, low).runs
+    assert runs[0].suspend_code == 3 and "INTERRUPT" in runs[0].stop_reasons, runs[0]
+    saved = re.findall(r"rank 0 saved step (\d+) in ([\d.]+) s", _log(cluster, user, runs[0].id, 0))
+    assert saved, _log(cluster, user, runs[0].id, 0)
+    saved_step, save_s = int(saved[0][0]), float(saved[0][1])
+    # both ranks agreed on the step (HFReduce max of the flag)
+    assert f"rank 1 saved step {saved_step} " in _log(cluster, user, runs[0].id, 1)
+    print(f"preemption: HIGH submit -> its ranks running {latency:.2f} s; the LOW task's save took {save_s:.2f} s")
+
+    done = _poll(lambda: (r := _chain(cluster, user, high).runs[-1]).slurm_state == "COMPLETED" and r,
+                 "the HIGH task finishes", 120, 0.5)
+    assert "token set True" in _log(cluster, user, done.id, 0)
+
+    def resumed_and_done() -> Any:
+        rs = _chain(cluster, user, low).runs
+        return rs if len(rs) == 2 and rs[-1].slurm_state == "COMPLETED" else None
+    runs = _poll(resumed_and_done, "the LOW task resumes and completes", 240, 1.0)
+    second = runs[-1]
+    assert second.restart_count == 1 and second.whole_life_state == 1, second
+    log = _log(cluster, user, second.id, 0)
+    assert f"rank 0 start at step {saved_step} restart 1 whole_life_state 1" in log, log
+    assert f"step {saved_step} restart 1" in log and "rank 0 done at step 50" in log, log
+    assert f"step {saved_step - 1} restart 1" not in log, "the resumed run repeats no step"
+
+
+def test_another_user_cannot_see_or_read_a_task(cluster: LocalCluster) -> None:
+    res = run_ff(["admin", "--state-dir", str(cluster.state_dir), "users", "add", "bob"], timeout_s=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    bob = res.stdout.splitlines()[1].strip()
+    task = _submit(cluster, cluster.user_token, name="mine", nodes=1, priority="LOW",
+                   command=[sys.executable, "-c", "print('hello')"])
+
+    def bob_refused() -> bool:
+        try:
+            _chain(cluster, bob, task)
+        except PermissionDenied:
+            return True
+        except Exception:  # noqa: BLE001 -- bob's token not yet known to the scheduler replicas
+            return False
+        raise AssertionError("bob could read alice's task")
+    _poll(bob_refused, "the scheduler refuses bob the task", 30, 0.5)
+    assert task not in [c.chain_id for c in _sched(cluster, bob, lambda c: c.list(include_finished=True))]
+    with pytest.raises(PermissionDenied):
+        _log(cluster, bob, task, 0)
+    r = run_ff(["task", "--state-dir", str(cluster.state_dir), "stop", str(task)], env={"FF_TOKEN": bob})
+    assert r.returncode != 0 and "bob may not stop it" in r.stderr, r
+    assert _chain(cluster, cluster.user_token, task).runs[-1].stop_code & 1024 == 0, "bob's stop changed nothing"
