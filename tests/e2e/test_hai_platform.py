@@ -199,3 +199,38 @@ def test_another_user_cannot_see_or_read_a_task(cluster: LocalCluster) -> None:
     r = run_ff(["task", "--state-dir", str(cluster.state_dir), "stop", str(task)], env={"FF_TOKEN": bob})
     assert r.returncode != 0 and "bob may not stop it" in r.stderr, r
     assert _chain(cluster, cluster.user_token, task).runs[-1].stop_code & 1024 == 0, "bob's stop changed nothing"
+
+
+def test_an_unacknowledged_interrupt_is_stopped_after_the_grace_and_requeued(cluster: LocalCluster) -> None:
+    """A task that never looks at the flag is stopped grace_ack_s after the interrupt (HAI: forced
+    after 5 s), and still requeued (the interrupt was the cluster's doing)."""
+    user = cluster.user_token
+    deaf = _submit(cluster, user, name="deaf", nodes=2, priority="LOW", grace_ack_s=1.0, grace_final_s=1.0,
+                   command=[sys.executable, "-c", "import time\nwhile True:\n    print('busy', flush=True)\n"
+                                                  "    time.sleep(0.5)"])
+    def deaf_running() -> bool:
+        r = _chain(cluster, user, deaf).runs[-1]
+        return bool(r.ranks) and all(k.state == "running" for k in r.ranks)
+    _poll(deaf_running, "the deaf task runs", 60, 0.3)
+    high = _submit(cluster, user, name="high2", nodes=3, priority="HIGH",
+                   command=[sys.executable, "-c", "print('ok')"])
+    _poll(lambda: _chain(cluster, user, high).runs[-1].slurm_state == "COMPLETED", "the HIGH task completes", 60, 0.3)
+    runs = _chain(cluster, user, deaf).runs
+    assert runs[0].suspend_code == 1 and "INTERRUPT" in runs[0].stop_reasons, runs[0]
+    assert len(runs) == 2 and runs[1].restart_count == 1
+    _sched(cluster, user, lambda c: c.stop(deaf))
+    _poll(lambda: _chain(cluster, user, deaf).runs[-1].chain_status == "finished", "the deaf task stops", 60, 0.3)
+
+
+def test_the_watchdog_fails_a_silent_task(cluster: LocalCluster) -> None:
+    """hai.set_watchdog_time(2) then silence: the node agent stops it and the scheduler fails it as
+    TIMEOUT (not requeued)."""
+    user = cluster.user_token
+    code = ("from fireflyer import hai; import time\nhai.set_watchdog_time(2)\nprint('going quiet', flush=True)\n"
+            "time.sleep(120)")
+    task = _submit(cluster, user, name="quiet", nodes=1, priority="LOW", command=[sys.executable, "-c", code])
+    t0 = time.monotonic()
+    done = _poll(lambda: (c := _chain(cluster, user, task)).runs[-1].chain_status == "finished" and c,
+                 "the silent task is stopped", 60, 0.3)
+    assert time.monotonic() - t0 < 40
+    assert len(done.runs) == 1 and "TIMEOUT" in done.runs[0].stop_reasons and done.runs[0].slurm_state == "FAILED"
