@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from fireflyer.api.scheduler.v1 import scheduler_pb2 as spb
-from fireflyer.core.errors import FireFlyerError, Unavailable
+from fireflyer.core.errors import DeadlineExceeded, FireFlyerError, Unavailable
+from fireflyer.mgmt.lease import NotPrimary
 from fireflyer.node.model import TaskRecord
 from fireflyer.node.runtime import read_ack, read_watchdog, read_whole_life_state
 
@@ -100,7 +101,7 @@ class SchedLink:
         try:
             await self.client.report(spb.ReportRequest(**fields))
             return True
-        except Unavailable as e:
+        except (Unavailable, NotPrimary, DeadlineExceeded) as e:  # no scheduler, or a takeover: later
             self.log.warning("node.report_deferred", task=key, error=str(e))
             return False
         except FireFlyerError as e:  # an unknown or ended run, a rank that moved: nothing to retry

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fireflyer.core.errors import NotFound, Unavailable
+from fireflyer.mgmt.lease import NotPrimary
 from fireflyer.node import runtime as rt
 from fireflyer.node.model import RankRecord, RankSpec, TaskRecord, TaskSpec, TaskState
 from fireflyer.node.model import RankState as NodeRankState
@@ -109,8 +110,9 @@ def test_exit_states() -> None:
 def test_unavailable_is_retried_a_refusal_is_not(tmp_path: Path) -> None:
     link, m, c = _link(tmp_path)
     m.state.tasks["5"] = _task("5", tmp_path)
-    c.fail = Unavailable("no scheduler")
-    asyncio.run(link.report_once())
+    for away in (Unavailable("no scheduler"), NotPrimary("a takeover", primary_address="")):
+        c.fail = away
+        asyncio.run(link.report_once())
     c.fail = None
     asyncio.run(link.report_once())
     assert [r.state for r in c.reports] == ["running"], "sent again once the scheduler answers"
