@@ -234,3 +234,50 @@ def test_the_watchdog_fails_a_silent_task(cluster: LocalCluster) -> None:
                  "the silent task is stopped", 60, 0.3)
     assert time.monotonic() - t0 < 40
     assert len(done.runs) == 1 and "TIMEOUT" in done.runs[0].stop_reasons and done.runs[0].slurm_state == "FAILED"
+
+
+def _leader_pid(cluster: LocalCluster) -> int:
+    from fireflyer.kv import open_kv
+    from services.scheduler import store
+
+    kv = open_kv(f"sqlite:///{cluster.state_dir.absolute() / 'scheduler.db'}")
+    try:
+        lease = kv.run(lambda t: store.load_lease(t, snapshot=True))
+    finally:
+        kv.close()
+    assert lease is not None
+    (pid,) = [p.pid for p in cluster.record.processes if p.name == "scheduler" and p.address == lease.address]
+    return pid
+
+
+def test_the_leader_killed_mid_preemption_loses_nothing(cluster: LocalCluster) -> None:
+    """SIGKILL the scheduler leader right after a HIGH submit that preempts a LOW task: the other
+    replica takes over within the lease, re-sends what was in flight, the agents' reports reach it,
+    and both tasks end as they would have (the LOW one resumed at its saved step).  Last in the
+    file: the cluster keeps one scheduler replica afterwards."""
+    import os
+    import signal
+
+    user = cluster.user_token
+    py = sys.executable
+    low = _submit(cluster, user, name="low-failover", nodes=2, priority="LOW", grace_ack_s=30.0, grace_final_s=60.0,
+                  command=[py, str(EXAMPLE), "--steps", "40", "--step-s", "0.3", "--name", "e2e-hai-failover"])
+    _poll(lambda: "step 3 restart 0" in _log(cluster, user, low, 0), "the LOW task steps", 120, 0.5)
+    high = _submit(cluster, user, name="high-failover", nodes=3, priority="HIGH",
+                   command=[py, "-c", "import time; time.sleep(2); print('high done')"])
+    os.kill(_leader_pid(cluster), signal.SIGKILL)
+    t0 = time.monotonic()
+    done = _poll(lambda: (r := _chain(cluster, user, high).runs[-1]).slurm_state == "COMPLETED" and r,
+                 "the HIGH task completes under the new leader", 120, 0.5)
+    print(f"failover: HIGH completed {time.monotonic() - t0:.1f} s after the leader was killed")
+    assert "high done" in _log(cluster, user, done.id, 0)
+
+    def low_resumed_and_done() -> Any:
+        rs = _chain(cluster, user, low).runs
+        return rs if len(rs) == 2 and rs[-1].slurm_state == "COMPLETED" else None
+    first, second = _poll(low_resumed_and_done, "the LOW task resumes and completes", 240, 1.0)
+    assert "INTERRUPT" in first.stop_reasons and second.restart_count == 1, (first, second)
+    saved = re.findall(r"rank 0 saved step (\d+)", _log(cluster, user, first.id, 0))
+    assert saved, _log(cluster, user, first.id, 0)
+    log = _log(cluster, user, second.id, 0)
+    assert f"rank 0 start at step {saved[0]} restart 1" in log and "rank 0 done at step 40" in log, log
