@@ -12,7 +12,9 @@ runtime puts it (``FF_RPC_HOST``); the address label is where its node's data pl
 (the HFReduce worker) listens.
 
 Every ``heartbeat_interval_s`` it publishes :class:`~fireflyer.node.events.NodeHeartbeat`
-on ``ff.node.v1.node.<name>.heartbeat``.  Tasks: :mod:`services.node.tasks`.  Ranks run as
+on ``ff.node.v1.node.<name>.heartbeat``; with ``FF_SCHED_ADDR`` it also registers with the
+scheduler and reports the runs it hosts (:mod:`services.node.schedlink`).  Tasks:
+:mod:`services.node.tasks`.  Ranks run as
 the agent's own OS user; the task's ``user`` decides who may read its logs and status.
 """
 

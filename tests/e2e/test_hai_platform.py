@@ -236,6 +236,17 @@ def test_the_watchdog_fails_a_silent_task(cluster: LocalCluster) -> None:
     assert len(done.runs) == 1 and "TIMEOUT" in done.runs[0].stop_reasons and done.runs[0].slurm_state == "FAILED"
 
 
+def test_a_task_changes_its_own_priority_with_its_users_token(cluster: LocalCluster) -> None:
+    """hai.set_priority from inside a rank: UpdatePriority with the task's FF_TOKEN (its user's)."""
+    user = cluster.user_token
+    code = "from fireflyer import hai\nhai.set_priority(hai.EXP_PRIORITY.VERY_HIGH)\nprint('raised', flush=True)"
+    task = _submit(cluster, user, name="climber", nodes=1, priority="LOW", command=[sys.executable, "-c", code])
+    done = _poll(lambda: (c := _chain(cluster, user, task)).runs[-1].chain_status == "finished" and c,
+                 "the task ends", 60, 0.3)
+    assert done.runs[-1].slurm_state == "COMPLETED", _log(cluster, user, task, 0)
+    assert done.runs[-1].spec.priority == "VERY_HIGH" and "raised" in _log(cluster, user, task, 0)
+
+
 def _leader_pid(cluster: LocalCluster) -> int:
     from fireflyer.kv import open_kv
     from services.scheduler import store

@@ -80,7 +80,8 @@ class NodeAgents(Protocol):
 
 
 class UnwiredAgents:
-    """The agents of a scheduler that has no adapter to the node agents yet: every call fails with
+    """The agents of a scheduler with no way to reach node agents (the service uses
+    ``services.scheduler.nodeclient.GrpcNodeAgents``; this stands in until it starts): every call fails with
     Unavailable naming the node (a start then fails the run as unschedulable, and it is requeued)."""
 
     async def start(self, node: NodeRef, launch: RankLaunch) -> None:
