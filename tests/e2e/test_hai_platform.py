@@ -70,7 +70,7 @@ replicas = 1
 name = "scheduler"
 module = "services.scheduler"
 replicas = 2
-env = { FF_SCHEDULER_LEASE_S = "10", FF_SCHEDULER_RENEW_S = "2", FF_SCHEDULER_STEP_DOWN_MARGIN_S = "2", FF_SCHEDULER_MIN_RUNTIME_S = "0", FF_SCHEDULER_TICK_S = "0.5", FF_GRACE_S = "1" }
+env = { FF_SCHEDULER_LEASE_S = "10", FF_SCHEDULER_RENEW_S = "2", FF_SCHEDULER_STEP_DOWN_MARGIN_S = "2", FF_SCHEDULER_MIN_RUNTIME_S = "0", FF_SCHEDULER_TICK_S = "0.5", FF_SCHEDULER_NODE_TIMEOUT_S = "8", FF_GRACE_S = "1" }
 
 [[service]]
 name = "node"
@@ -292,3 +292,43 @@ def test_the_leader_killed_mid_preemption_loses_nothing(cluster: LocalCluster) -
     assert saved, _log(cluster, user, first.id, 0)
     log = _log(cluster, user, second.id, 0)
     assert f"rank 0 start at step {saved[0]} restart 1" in log and "rank 0 done at step 40" in log, log
+
+
+def test_a_killed_node_agents_task_is_requeued_on_another_node(cluster: LocalCluster) -> None:
+    """SIGKILL a node agent: its node goes silent, the scheduler marks it lost after node_timeout_s
+    (8 s here) and requeues its run elsewhere (NODE_LOST, restart_count 1).  Last in the file: the
+    cluster keeps two nodes afterwards.  (The killed agent's rank keeps running, as a crashed agent
+    leaves it for the next agent to adopt; the test ends it.)"""
+    import json
+    import os
+    import signal
+
+    user = cluster.user_token
+    code = ("import os, time\nprint('on', os.environ['FF_NODE_NAME'], 'restart', os.environ['FF_RESTART_COUNT'], "
+            "flush=True)\ntime.sleep(600)")
+    task = _submit(cluster, user, name="survivor", nodes=1, priority="LOW", command=[sys.executable, "-c", code])
+    first = _poll(lambda: (r := _chain(cluster, user, task).runs[-1]).ranks and r.ranks[0].state == "running" and r,
+                  "the task runs", 60, 0.3)
+    victim = first.nodes[0]
+    (agent,) = [p for p in cluster.record.processes if p.instance == f"node-{victim.removeprefix('node')}"]
+    os.kill(agent.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        def moved() -> Any:
+            rs = _chain(cluster, user, task).runs
+            return rs if len(rs) == 2 and rs[-1].ranks and rs[-1].ranks[0].state == "running" else None
+        runs = _poll(moved, "the task is requeued on another node", 90, 0.5)
+        print(f"node loss: requeued and running elsewhere {time.monotonic() - t0:.1f} s after the agent was killed")
+        assert "NODE_LOST" in runs[0].stop_reasons and runs[1].restart_count == 1, runs[0]
+        assert runs[1].nodes[0] != victim
+        assert f"on {runs[1].nodes[0]} restart 1" in _log(cluster, user, runs[1].id, 0)
+        nodes = {n.name: n for n in _sched(cluster, cluster.admin_token, lambda c: c.nodes())}
+        assert nodes[victim].lost
+    finally:
+        _sched(cluster, user, lambda c: c.stop(task))
+        state = json.loads((cluster.state_dir / "node" / victim / "state.json").read_text())
+        for rank in state["tasks"][str(first.id)]["ranks"]:
+            try:
+                os.killpg(rank["pgid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
