@@ -12,7 +12,9 @@ runtime puts it (``FF_RPC_HOST``); the address label is where its node's data pl
 (the HFReduce worker) listens.
 
 Every ``heartbeat_interval_s`` it publishes :class:`~fireflyer.node.events.NodeHeartbeat`
-on ``ff.node.v1.node.<name>.heartbeat``.  Tasks: :mod:`services.node.tasks`.  Ranks run as
+on ``ff.node.v1.node.<name>.heartbeat``; with ``FF_SCHED_ADDR`` it also registers with the
+scheduler and reports the runs it hosts (:mod:`services.node.schedlink`).  Tasks:
+:mod:`services.node.tasks`.  Ranks run as
 the agent's own OS user; the task's ``user`` decides who may read its logs and status.
 """
 
@@ -38,6 +40,7 @@ from fireflyer.hfreduce.launch_plan import node_address
 from fireflyer.node.events import NodeHeartbeat, TaskExited, heartbeat_subject, task_exit_subject
 from fireflyer.node.policy import RestartPolicy
 
+from .schedlink import SchedLink
 from .servicer import SERVICE_NAME, NodeAgentServicer
 from .tasks import NodeFacts, TaskManager
 
@@ -72,6 +75,8 @@ class AgentSection(msgspec.Struct, frozen=True, kw_only=True):
     keep_tasks_on_exit: bool = False
     #: at a clean stop, the longest a task's SIGTERM -> SIGKILL grace may be
     shutdown_grace_s: float = 5.0
+    #: register with the scheduler of FF_SCHED_ADDR (when set) and report the tasks it starts here
+    register: bool = True
     #: where the workers' Unix sockets go (kept short: sun_path is 108 bytes); empty: a temp dir
     socket_dir: str = ""
 
@@ -113,6 +118,8 @@ class NodeAgentService(Service):
         self.started_at = time.time()
         self._ctx: ServiceContext | None = None
         self._runner: asyncio.Task[None] | None = None
+        self._sched: Any = None
+        self.link: SchedLink | None = None
 
     async def start(self, ctx: ServiceContext) -> None:
         settings: AgentSettings = self.settings  # type: ignore[assignment]
@@ -130,8 +137,24 @@ class NodeAgentService(Service):
         self._runner = ctx.spawn(self.manager.run(a.poll_interval_s), name="node-tasks")
         if ctx.bus is not None:
             ctx.spawn(self._heartbeat_loop(a.heartbeat_interval_s), name="node-heartbeat")
+        sched_addr = os.environ.get("FF_SCHED_ADDR", "")
+        if sched_addr and a.register:
+            from fireflyer.sched.client import SchedClient
+
+            # the agent's own (service) token: Register and Report are the agents' calls
+            self._sched = SchedClient(sched_addr, token=settings.token or "", timeout_s=5.0, leader_wait_s=5.0)
+            self.link = SchedLink(self.manager, self._sched, agent_address=lambda: ctx.server.address, log=ctx.log,
+                                  interval_s=a.heartbeat_interval_s)
+            ctx.spawn(self._after_bind(ctx, self.link.register_loop), name="node-register")
+            ctx.spawn(self._after_bind(ctx, self.link.report_loop), name="node-report")
         ctx.log.info("node.starting", node=facts.name, group=facts.group, zone=facts.zone, cpus=facts.cpus,
                      gpus=facts.gpus, address=facts.address, **counts)
+
+    @staticmethod
+    async def _after_bind(ctx: ServiceContext, loop: Any) -> None:
+        while ctx.server.port == 0:  # the registration names the agent's address: wait until it is bound
+            await asyncio.sleep(0.01)
+        await loop()
 
     async def _publish_exit(self, ev: TaskExited) -> None:
         assert self._ctx is not None
@@ -160,6 +183,8 @@ class NodeAgentService(Service):
             await self.manager.shutdown(keep_tasks=settings.agent.keep_tasks_on_exit,
                                         grace_cap_s=settings.agent.shutdown_grace_s,
                                         interval_s=settings.agent.poll_interval_s)
+        if self._sched is not None:
+            await self._sched.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -95,6 +95,14 @@ class _Worker:
         self.restart_at: float | None = None
 
 
+def _free_port(host: str) -> int:
+    import socket as _socket
+
+    with _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
 class TaskManager:
     def __init__(self, facts: NodeFacts, *, agent_env: Mapping[str, str], restart: RestartPolicy,
                  publish: Callable[[TaskExited], Awaitable[None]], log: Any) -> None:
@@ -245,7 +253,12 @@ class TaskManager:
     def _start_worker(self, rec: TaskRecord, socket: str) -> None:
         spec = rec.spec
         assert spec.hfreduce is not None
-        argv = worker_argv(spec, spec.hfreduce, socket=socket, node_name=self.facts.name,
+        hf = spec.hfreduce
+        if hf.coord_addr and not hf.listen:
+            # the worker tells coord the address it was given, and its peers dial that: a port of 0
+            # would reach nobody, so pick a free one on the node's address now (as ff launch does)
+            hf = msgspec.structs.replace(hf, listen=f"{self.facts.address}:{_free_port(self.facts.address)}")
+        argv = worker_argv(spec, hf, socket=socket, node_name=self.facts.name,
                            node_address=self.facts.address, zone=self.facts.zone, token=self.facts.worker_token,
                            prefix=self.facts.worker_prefix or None)
         log_path = self.task_dir(spec.task_id) / "hfreduce.log"

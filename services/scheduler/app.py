@@ -12,6 +12,7 @@ quota are the cluster admin's defaults of :class:`fireflyer.sched.model.SchedCon
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from fireflyer.sched.agents import NodeAgents, UnwiredAgents
 from fireflyer.sched.model import Priority, SchedConfig
 
 from .core import CoreConfig, SchedCore
+from .nodeclient import GrpcNodeAgents
 from .servicer import NODE_SERVICE, QUOTA_SERVICE, TASK_SERVICE, NodeServicer, QuotaServicer, TaskServicer
 
 __all__ = ["SchedulerSection", "SchedulerSettings", "SchedulerService", "kv_url_for", "core_config", "main"]
@@ -117,6 +119,7 @@ class SchedulerService(Service):
 
     def __init__(self, settings: Any, *, agents: NodeAgents | None = None) -> None:
         super().__init__(settings)
+        self._own_agents = agents is None
         self.agents: NodeAgents = agents if agents is not None else UnwiredAgents()
         self.kv: KV | None = None
         self.core: SchedCore | None = None
@@ -124,6 +127,9 @@ class SchedulerService(Service):
     async def start(self, ctx: ServiceContext) -> None:
         settings: SchedulerSettings = self.settings  # type: ignore[assignment]
         cfg = core_config(settings, ctx.instance)
+        if self._own_agents:
+            # the real agents, called with this scheduler's own service token (never a user's)
+            self.agents = GrpcNodeAgents(token=settings.token or "", coord_addr=os.environ.get("FF_COORD_ADDR", ""))
         self.kv = await aopen_kv(kv_url_for(settings))
         advertise = settings.scheduler.advertise_address
         self.core = SchedCore(cfg, kv=self.kv, agents=self.agents, clock=ctx.clock, log=ctx.log,
@@ -144,6 +150,8 @@ class SchedulerService(Service):
     async def stop(self) -> None:
         if self.core is not None:
             await self.core.release()
+        if isinstance(self.agents, GrpcNodeAgents):
+            await self.agents.close()
         if self.kv is not None:
             self.kv.close()
 

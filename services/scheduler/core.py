@@ -363,7 +363,13 @@ class SchedCore:
                 await asyncio.gather(*list(self._actions), return_exceptions=True)
 
     async def _act(self, effects: Effects) -> None:
-        nodes = {n.name: n for n in await self.kv.arun(lambda t: store.load_nodes(t, snapshot=True))}
+        chains = {rec.task.chain_id for rec, _ in effects.starts}
+
+        def read(t: Txn) -> tuple[list[NodeRecord], dict[int, str]]:
+            return (store.load_nodes(t, snapshot=True),
+                    {c: store.load_credential(t, c, snapshot=True) for c in chains})
+        loaded, creds = await self.kv.arun(read)
+        nodes = {n.name: n for n in loaded}
 
         def ref(name: str) -> NodeRef:
             n = nodes.get(name)
@@ -377,7 +383,8 @@ class SchedCore:
                 launch = RankLaunch(task_id=t.id, chain_id=t.chain_id, restart_count=t.restart_count,
                                     whole_life_state=t.whole_life_state, user=t.spec.user, name=t.spec.name,
                                     rank=rank, nodes=t.nodes, master_address=master, command=t.spec.command,
-                                    watchdog_s=t.spec.watchdog_s, signal=t.spec.signal)
+                                    watchdog_s=t.spec.watchdog_s, signal=t.spec.signal,
+                                    grace_s=lifecycle.grace_final(rec, self.cfg.sched), token=creds.get(t.chain_id, ""))
                 jobs.append(self._start_rank(ref(t.nodes[rank]), launch))
         for rec in effects.suspends:
             for name in rec.task.nodes:
@@ -413,7 +420,9 @@ class SchedCore:
         self._apply_report(t, now, rec, rank, RankState.STOPPED, -1, None, None)
 
     # -- tasks ---------------------------------------------------------------------------------------------
-    async def create(self, spec: TaskSpec, caller: Caller, request_id: str = "") -> list[RunRecord]:
+    async def create(self, spec: TaskSpec, caller: Caller, request_id: str = "", credential: str = "") -> list[RunRecord]:
+        """Queue a new chain.  ``credential`` (the submitter's token) is kept beside the chain and given
+        to its ranks as FF_TOKEN (docs/scheduler.md, "The task's credential")."""
         if not caller.admin and spec.user != caller.user:
             raise PermissionDenied(f"{caller.user} may not submit tasks as {spec.user}", user=spec.user)
         if not caller.admin and spec.shared_group:
@@ -433,6 +442,8 @@ class SchedCore:
                                       whole_life_state=spec.whole_life_state),
                             reason="submitted; waiting for the next decision", reason_code="submitted")
             store.save_run(t, rec)
+            if credential:
+                store.save_credential(t, run_id, credential)
             return [rec]
 
         key = f"sched-create/{caller.user}/{request_id}".encode() if request_id else None
@@ -478,7 +489,10 @@ class SchedCore:
             cur = runs[-1]
             if cur.task.chain_status == "finished":
                 raise FailedPrecondition(f"task {cur.task.chain_id} has already finished", task=cur.task.chain_id)
-            store.save_run(t, lifecycle.request_stop(cur, StopCode.MANUAL_STOP, now, f"stopped by {caller.user}"))
+            stopped = lifecycle.request_stop(cur, StopCode.MANUAL_STOP, now, f"stopped by {caller.user}")
+            store.save_run(t, stopped)
+            if stopped.task.chain_status == "finished":
+                store.clear_credential(t, cur.task.chain_id)
             return store.chain_runs(t, cur.task.chain_id)
         return await self.mutate(fn)
 
@@ -558,9 +572,11 @@ class SchedCore:
         return await self.mutate(fn, wake=False)
 
     async def report(self, run_id: int, rank: int, node: str, state: RankState | None, exit_code: int | None,
-                     suspend_code: SuspendCode | None, whole_life_state: int | None, sender: str = "") -> None:
+                     suspend_code: SuspendCode | None, whole_life_state: int | None, sender: str = "",
+                     timeout: bool = False) -> None:
         """A node agent's report about a rank on its node; only the agent that registered the node
-        (its service user) may report about it."""
+        (its service user) may report about it.  ``timeout``: the rank's watchdog fired (no output for
+        the task's watchdog time): the run stops as TIMEOUT, which is not requeued."""
         def fn(t: Txn, now: float) -> None:
             n = store.load_node(t, node)
             if n is not None and sender and n.registered_by and n.registered_by != sender:
@@ -573,6 +589,10 @@ class SchedCore:
                 return  # a late report about a run that already ended
             if not 0 <= rank < len(rec.task.ranks) or rec.task.ranks[rank].node != node:
                 raise InvalidArgument(f"run {run_id} has no rank {rank} on node {node}", field="rank")
+            if timeout and not rec.task.stop_code & StopCode.TIMEOUT:
+                rec = lifecycle.request_stop(rec, StopCode.TIMEOUT, now, f"rank {rank} on {node} printed nothing for "
+                                             f"its watchdog time ({rec.task.spec.watchdog_s:g} s or as the task set it)")
+                self.log.warning("scheduler.watchdog", task=run_id, rank=rank, node=node)
             self._apply_report(t, now, rec, rank, state, exit_code, suspend_code, whole_life_state)
         await self.mutate(fn)
 
@@ -593,6 +613,8 @@ class SchedCore:
             if nxt is not None:
                 nxt.task.id = store.next_id(t)
                 store.save_run(t, nxt)
+            else:  # the chain has ended: its ranks' credential goes with it
+                store.clear_credential(t, rec.task.chain_id)
             store.save_run(t, done)
             self.log.info("scheduler.run_ended", task=rec.id, chain=rec.task.chain_id,
                           stop_code=int(done.task.stop_code), requeued_as=nxt.id if nxt else None)

@@ -16,7 +16,7 @@ from fireflyer.api.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from fireflyer.core.errors import InvalidArgument
 from fireflyer.rpc import current_principal, requires
 from fireflyer.sched import convert
-from fireflyer.sched.model import RankState, SuspendCode, parse_priority
+from fireflyer.sched.model import RankState, StopCode, SuspendCode, parse_priority
 
 from .core import Caller, SchedCore
 
@@ -38,6 +38,14 @@ def _id(value: int) -> int:
     return int(value)
 
 
+def _bearer(context: Any) -> str:
+    """The bearer token this call authenticated with ("" without one: auth disabled)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and isinstance(value, str) and value.lower().startswith("bearer "):
+            return value[7:].strip()
+    return ""
+
+
 def _chain(runs: list[Any]) -> pb.TaskReply:
     return pb.TaskReply(chain=convert.chain_to_pb(runs))
 
@@ -50,7 +58,10 @@ class TaskServicer(pb_grpc.TaskServiceServicer):
         who = caller()
         spec = convert.spec_from_pb(request.spec, user=request.spec.user if who.admin and request.spec.user
                                     else who.user)
-        return _chain(await self.core.create(spec, who, request.request_id))
+        # the caller's own token goes to the task's ranks (their FF_TOKEN), only when the task runs as
+        # the caller: an admin submitting for someone else has no token of theirs to give
+        credential = _bearer(context) if spec.user == who.user else ""
+        return _chain(await self.core.create(spec, who, request.request_id, credential=credential))
 
     async def Get(self, request: pb.GetRequest, context: Any) -> pb.TaskReply:
         return _chain(await self.core.chain(_id(request.id), caller()))
@@ -117,11 +128,14 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
         if request.suspend_code not in (0, SuspendCode.RECEIVED, SuspendCode.CAN_SUSPEND):
             raise InvalidArgument(f"suspend_code must be 0, 2 (received) or 3 (can suspend), got "
                                   f"{request.suspend_code}", field="suspend_code")
+        if request.stop_code not in (0, StopCode.TIMEOUT):
+            raise InvalidArgument(f"an agent may only stop a run with TIMEOUT ({int(StopCode.TIMEOUT)}), got "
+                                  f"{request.stop_code}", field="stop_code")
         await self.core.report(_id(request.task_id), int(request.rank), request.node, state,
                                int(request.exit_code) if state is not None else None,
                                SuspendCode(request.suspend_code) if request.suspend_code else None,
                                int(request.whole_life_state) if request.whole_life_state >= 0 else None,
-                               sender=current_principal().user)
+                               sender=current_principal().user, timeout=bool(request.stop_code))
         return pb.ReportReply()
 
 

@@ -7,6 +7,7 @@
     CHAN (chain_id, run_id)         b""             the runs of each chain
     NODE (name,)                    NodeRecord
     QUOT (owner, group, priority)   Quota
+    CRED (chain_id,)                bytes           the submitter's token, the ranks' FF_TOKEN (never in a reply)
 
 Values are msgpack-encoded Structs.  Every function takes an open transaction, so a change and
 its indexes commit together or not at all.
@@ -25,9 +26,10 @@ from fireflyer.sched.model import FINISHED, Quota
 from fireflyer.sched.records import NodeRecord, RunRecord
 
 __all__ = ["load_lease", "save_lease", "next_id", "load_run", "save_run", "active_runs", "chain_runs",
-           "all_runs", "load_node", "save_node", "load_nodes", "load_quotas", "save_quota", "clear_quota"]
+           "all_runs", "load_node", "save_node", "load_nodes", "load_quotas", "save_quota", "clear_quota",
+           "save_credential", "load_credential", "clear_credential"]
 
-SING, RUN, ACTV, CHAN, NODE, QUOT = b"SING", b"RUN_", b"ACTV", b"CHAN", b"NODE", b"QUOT"
+SING, RUN, ACTV, CHAN, NODE, QUOT, CRED = b"SING", b"RUN_", b"ACTV", b"CHAN", b"NODE", b"QUOT", b"CRED"
 LEASE_KEY = SING + pack(("lease",))
 NEXT_ID_KEY = SING + pack(("next-id",))
 
@@ -135,3 +137,16 @@ def clear_quota(txn: Txn, owner: str, group: str, priority: int) -> bool:
         return False
     txn.clear(key)
     return True
+
+
+def save_credential(txn: Txn, chain_id: int, token: str) -> None:
+    txn.set(CRED + pack((chain_id,)), token.encode())
+
+
+def load_credential(txn: Txn, chain_id: int, *, snapshot: bool = False) -> str:
+    raw = txn.get(CRED + pack((chain_id,)), snapshot=snapshot)
+    return "" if raw is None else bytes(raw).decode()
+
+
+def clear_credential(txn: Txn, chain_id: int) -> None:
+    txn.clear(CRED + pack((chain_id,)))

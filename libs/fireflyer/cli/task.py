@@ -7,6 +7,8 @@
     ff task logs ID [-f] [--rank R]                 a rank's output (-f: follow while it runs)
     ff task stop|suspend|resume ID                  stop for good; interrupt and hold; release a held chain
     ff task priority ID PRIORITY                    change a chain's priority
+    ff task run [--simulate-suspend-after S] [--whole-life-state N] -- CMD
+                                                    run CMD here in simulate mode (HAI's ++ -ss S -ls N)
     ff nodes [--drain NODE --reason R | --enable NODE] [--json]
     ff quota [--user OWNER] [--set OWNER GROUP PRIORITY NODES | --remove OWNER GROUP PRIORITY] [--json]
 
@@ -252,7 +254,29 @@ async def _quota(ns: argparse.Namespace, c: Any, out: Any) -> int:
 
 
 def _cmd(ns: argparse.Namespace) -> int:
+    if getattr(ns, "task_cmd", None) == "run":
+        return _simulate(ns)
     return asyncio.run(_run(ns))
+
+
+def _simulate(ns: argparse.Namespace) -> int:
+    from fireflyer.hai.simulate import simulate
+
+    command = list(ns.cmd)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("ff task run: give the command after --, e.g. ff task run --simulate-suspend-after 30 -- python "
+              "train.py", file=sys.stderr)
+        return 2
+    res = simulate(command, suspend_after_s=ns.simulate_suspend_after, whole_life_state=ns.whole_life_state)
+    if ns.json:
+        import msgspec
+
+        print(msgspec.json.encode(res).decode())
+    elif res.suspended:
+        print(f"suspended: whole_life_state {res.whole_life_state}", file=sys.stderr)
+    return 0 if res.suspended else res.exit_code
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -286,6 +310,13 @@ def register(subparsers: Any) -> None:
     s.add_argument("-f", "--file", default=None, help="a spec file like HAI's v2 experiment file (TOML or JSON)")
     s.add_argument("--json", action="store_true")
     s.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command and its arguments")
+    rn = sub.add_parser("run", help="run a command locally in simulate mode (hai-cli ... ++ -ss S)")
+    rn.add_argument("--simulate-suspend-after", type=float, default=None, metavar="S",
+                    help="raise the suspend flag after S seconds (HAI's -ss)")
+    rn.add_argument("--whole-life-state", type=int, default=0, metavar="N", help="the state the run starts with "
+                                                                                 "(HAI's -ls)")
+    rn.add_argument("--json", action="store_true", help="print what happened as JSON")
+    rn.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command and its arguments")
     ls = sub.add_parser("ls", help="list tasks")
     ls.add_argument("--all", action="store_true", help="also finished ones")
     ls.add_argument("--user", default=None, help="an admin: only this user's")

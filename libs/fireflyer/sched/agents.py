@@ -48,6 +48,14 @@ class RankLaunch(msgspec.Struct, frozen=True, kw_only=True):
     command: tuple[str, ...]
     watchdog_s: float
     signal: str = ""
+    #: SIGTERM -> SIGKILL grace the agent keeps for this run (the run's grace_final_s)
+    grace_s: float = 10.0
+    #: the submitter's bearer token, the ranks' FF_TOKEN (docs/scheduler.md, "The task's credential");
+    #: never logged
+    token: str = ""
+
+    def __repr__(self) -> str:  # the token stays out of logs and tracebacks
+        return f"RankLaunch(task_id={self.task_id}, rank={self.rank}, nodes={self.nodes!r})"
 
 
 @runtime_checkable
@@ -72,7 +80,8 @@ class NodeAgents(Protocol):
 
 
 class UnwiredAgents:
-    """The agents of a scheduler that has no adapter to the node agents yet: every call fails with
+    """The agents of a scheduler with no way to reach node agents (the service uses
+    ``services.scheduler.nodeclient.GrpcNodeAgents``; this stands in until it starts): every call fails with
     Unavailable naming the node (a start then fails the run as unschedulable, and it is requeued)."""
 
     async def start(self, node: NodeRef, launch: RankLaunch) -> None:

@@ -257,7 +257,7 @@ class RegisterNodeReply(_message.Message):
     def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
-    __slots__ = ("task_id", "rank", "node", "state", "exit_code", "suspend_code", "whole_life_state")
+    __slots__ = ("task_id", "rank", "node", "state", "exit_code", "suspend_code", "whole_life_state", "stop_code")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -265,6 +265,7 @@ class ReportRequest(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     SUSPEND_CODE_FIELD_NUMBER: _ClassVar[int]
     WHOLE_LIFE_STATE_FIELD_NUMBER: _ClassVar[int]
+    STOP_CODE_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     rank: int
     node: str
@@ -272,7 +273,8 @@ class ReportRequest(_message.Message):
     exit_code: int
     suspend_code: int
     whole_life_state: int
-    def __init__(self, task_id: _Optional[int] = ..., rank: _Optional[int] = ..., node: _Optional[str] = ..., state: _Optional[str] = ..., exit_code: _Optional[int] = ..., suspend_code: _Optional[int] = ..., whole_life_state: _Optional[int] = ...) -> None: ...
+    stop_code: int
+    def __init__(self, task_id: _Optional[int] = ..., rank: _Optional[int] = ..., node: _Optional[str] = ..., state: _Optional[str] = ..., exit_code: _Optional[int] = ..., suspend_code: _Optional[int] = ..., whole_life_state: _Optional[int] = ..., stop_code: _Optional[int] = ...) -> None: ...
 
 class ReportReply(_message.Message):
     __slots__ = ()

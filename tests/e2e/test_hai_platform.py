@@ -1,0 +1,334 @@
+"""The HAI Platform end to end on an ``ff up`` cluster (issue 49): two scheduler replicas, three node
+agents (zones A, A, B) that register with them, HFReduce through coord, checkpoints through the
+checkpoint service and 3FS as the task's user.
+
+A LOW 2-node task (docs/examples/hai_resumable.py: loops steps, agrees on the suspend flag through
+HFReduce, saves through ``fireflyer.ckpt`` and calls ``go_suspend()``) is preempted by a HIGH 3-node
+task, which runs and finishes; the LOW task comes back as its chain's next run (restart_count 1,
+whole-life state 1) and continues from the step it saved.  Another user can neither see nor read it.
+One cluster serves the whole file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+from fireflyer.api.scheduler.v1 import scheduler_pb2 as pb
+from fireflyer.core.errors import PermissionDenied
+from fireflyer.sched.client import SchedClient
+from fireflyer.testing.cluster import REPO_ROOT, LocalCluster, run_ff, started_cluster
+
+pytestmark = pytest.mark.timeout(600)
+
+EXAMPLE = REPO_ROOT / "docs" / "examples" / "hai_resumable.py"
+
+CLUSTER_TOML = """
+[cluster]
+ready_timeout_s = 60.0
+stop_timeout_s = 10.0
+
+[nats]
+port = 0
+
+[[service]]
+name = "mgmtd"
+module = "services.mgmtd"
+replicas = 1
+env = { FF_MGMTD_HEARTBEAT_FAIL_INTERVAL_S = "30", FF_MGMTD_SCAN_INTERVAL_S = "1", FF_GRACE_S = "1" }
+
+[[service]]
+name = "meta"
+module = "services.meta"
+replicas = 1
+env = { FF_META_ROOT_STRIPE_SIZE = "2", FF_GRACE_S = "1" }
+
+[[service]]
+name = "storage"
+module = "services.storage"
+replicas = 3
+env = { FF_STORAGE_TARGET_COUNT = "2", FF_STORAGE_FSYNC = "false", FF_STORAGE_HEARTBEAT_INTERVAL_S = "1", FF_STORAGE_ROUTING_PULL_S = "1", FF_STORAGE_INIT_CHAINS = "nodes=3,replicas=3,table=1", FF_GRACE_S = "1" }
+
+[[service]]
+name = "checkpoint"
+module = "services.checkpoint"
+replicas = 1
+env = { FF_GRACE_S = "1" }
+
+[[service]]
+name = "coord"
+module = "services.coord"
+replicas = 1
+
+[[service]]
+name = "scheduler"
+module = "services.scheduler"
+replicas = 2
+env = { FF_SCHEDULER_LEASE_S = "10", FF_SCHEDULER_RENEW_S = "2", FF_SCHEDULER_STEP_DOWN_MARGIN_S = "2", FF_SCHEDULER_MIN_RUNTIME_S = "0", FF_SCHEDULER_TICK_S = "0.5", FF_SCHEDULER_NODE_TIMEOUT_S = "8", FF_GRACE_S = "1" }
+
+[[service]]
+name = "node"
+module = "services.node"
+replicas = 3
+env = { FF_AGENT_ZONES = "A,A,B", FF_GRACE_S = "2" }
+"""
+
+T = TypeVar("T")
+
+
+def _poll(check: Callable[[], T | None], what: str, timeout_s: float, interval_s: float = 0.1) -> T:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"not within {timeout_s} s: {what} (last: {last!r})")
+
+
+def _sched(cluster: LocalCluster, token: str, fn: Callable[[SchedClient], Any]) -> Any:
+    async def go() -> Any:
+        async with SchedClient(cluster.addresses("scheduler"), token=token) as c:
+            return await fn(c)
+    return asyncio.run(go())
+
+
+def _log(cluster: LocalCluster, token: str, task: int, rank: int) -> str:
+    async def go(c: SchedClient) -> str:
+        return b"".join([d async for d in c.logs(task, rank)]).decode(errors="replace")
+    return str(_sched(cluster, token, go))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with started_cluster(CLUSTER_TOML, tmp_path_factory.mktemp("hai") / "state") as c:
+        c.wait_chains_serving(2, timeout_s=60)
+        # the agents register with the scheduler as their heartbeat
+        nodes = _poll(lambda: (ns := _sched(c, c.admin_token, lambda s: s.nodes())) and len(ns) == 3 and ns,
+                      "three node agents registered with the scheduler", 60)
+        assert sorted((n.name, n.zone) for n in nodes) == [("node0", "A"), ("node1", "A"), ("node2", "B")]
+        yield c
+
+
+def _submit(cluster: LocalCluster, token: str, **fields: Any) -> int:
+    chain = _sched(cluster, token, lambda c: c.submit(pb.TaskSpec(**fields)))
+    return int(chain.chain_id)
+
+
+def _chain(cluster: LocalCluster, token: str, task: int) -> Any:
+    return _sched(cluster, token, lambda c: c.get(task))
+
+
+def test_low_task_is_preempted_saves_and_resumes_where_it_stopped(cluster: LocalCluster) -> None:
+    user = cluster.user_token
+    py = sys.executable
+    low = _submit(cluster, user, name="low", nodes=2, priority="LOW", grace_ack_s=20.0, grace_final_s=60.0,
+                  command=[py, str(EXAMPLE), "--steps", "50", "--step-s", "0.3", "--name", "e2e-hai-low"])
+
+    def low_stepping() -> bool:
+        r = _chain(cluster, user, low).runs[-1]
+        return (r.slurm_state == "RUNNING" and all(k.state == "running" for k in r.ranks)
+                and "step 3 restart 0" in _log(cluster, user, low, 0))
+    _poll(low_stepping, "the LOW task runs on two nodes and steps", 120, 0.5)
+    first = _chain(cluster, user, low).runs[-1]
+    assert sorted(first.nodes) == ["node0", "node1"], "a 2-node task packs inside zone A"
+
+    t_submit = time.monotonic()
+    high = _submit(cluster, user, name="high", nodes=3, priority="HIGH",
+                   command=[py, "-c", "import time, os; print('high rank', os.environ['FF_NODE_RANK'], "
+                                      "'token set', bool(os.environ.get('FF_TOKEN'))); time.sleep(3)"])
+
+    def high_running() -> Any:
+        r = _chain(cluster, user, high).runs[-1]
+        return r if r.ranks and all(k.state in ("running", "succeeded") for k in r.ranks) else None
+    _poll(high_running, "the HIGH task's ranks run", 120, 0.05)
+    latency = time.monotonic() - t_submit
+
+    # the LOW run was interrupted: it acknowledged, saved and called go_suspend (not killed by the grace)
+    runs = _chain(cluster, user, low).runs
+    assert runs[0].suspend_code == 3 and "INTERRUPT" in runs[0].stop_reasons, runs[0]
+    saved = re.findall(r"rank 0 saved step (\d+) in ([\d.]+) s", _log(cluster, user, runs[0].id, 0))
+    assert saved, _log(cluster, user, runs[0].id, 0)
+    saved_step, save_s = int(saved[0][0]), float(saved[0][1])
+    # both ranks agreed on the step (HFReduce max of the flag)
+    assert f"rank 1 saved step {saved_step} " in _log(cluster, user, runs[0].id, 1)
+    print(f"preemption: HIGH submit -> its ranks running {latency:.2f} s; the LOW task's save took {save_s:.2f} s")
+
+    done = _poll(lambda: (r := _chain(cluster, user, high).runs[-1]).slurm_state == "COMPLETED" and r,
+                 "the HIGH task finishes", 120, 0.5)
+    assert "token set True" in _log(cluster, user, done.id, 0)
+
+    def resumed_and_done() -> Any:
+        rs = _chain(cluster, user, low).runs
+        return rs if len(rs) == 2 and rs[-1].slurm_state == "COMPLETED" else None
+    runs = _poll(resumed_and_done, "the LOW task resumes and completes", 240, 1.0)
+    second = runs[-1]
+    assert second.restart_count == 1 and second.whole_life_state == 1, second
+    log = _log(cluster, user, second.id, 0)
+    assert f"rank 0 start at step {saved_step} restart 1 whole_life_state 1" in log, log
+    assert f"step {saved_step} restart 1" in log and "rank 0 done at step 50" in log, log
+    assert f"step {saved_step - 1} restart 1" not in log, "the resumed run repeats no step"
+
+
+def test_another_user_cannot_see_or_read_a_task(cluster: LocalCluster) -> None:
+    res = run_ff(["admin", "--state-dir", str(cluster.state_dir), "users", "add", "bob"], timeout_s=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    bob = res.stdout.splitlines()[1].strip()
+    task = _submit(cluster, cluster.user_token, name="mine", nodes=1, priority="LOW",
+                   command=[sys.executable, "-c", "print('hello')"])
+
+    def bob_refused() -> bool:
+        try:
+            _chain(cluster, bob, task)
+        except PermissionDenied:
+            return True
+        except Exception:  # noqa: BLE001 -- bob's token not yet known to the scheduler replicas
+            return False
+        raise AssertionError("bob could read alice's task")
+    _poll(bob_refused, "the scheduler refuses bob the task", 30, 0.5)
+    assert task not in [c.chain_id for c in _sched(cluster, bob, lambda c: c.list(include_finished=True))]
+    with pytest.raises(PermissionDenied):
+        _log(cluster, bob, task, 0)
+    r = run_ff(["task", "--state-dir", str(cluster.state_dir), "stop", str(task)], env={"FF_TOKEN": bob})
+    assert r.returncode != 0 and "bob may not stop it" in r.stderr, r
+    assert _chain(cluster, cluster.user_token, task).runs[-1].stop_code & 1024 == 0, "bob's stop changed nothing"
+
+
+def test_an_unacknowledged_interrupt_is_stopped_after_the_grace_and_requeued(cluster: LocalCluster) -> None:
+    """A task that never looks at the flag is stopped grace_ack_s after the interrupt (HAI: forced
+    after 5 s), and still requeued (the interrupt was the cluster's doing)."""
+    user = cluster.user_token
+    deaf = _submit(cluster, user, name="deaf", nodes=2, priority="LOW", grace_ack_s=1.0, grace_final_s=1.0,
+                   command=[sys.executable, "-c", "import time\nwhile True:\n    print('busy', flush=True)\n"
+                                                  "    time.sleep(0.5)"])
+    def deaf_running() -> bool:
+        r = _chain(cluster, user, deaf).runs[-1]
+        return bool(r.ranks) and all(k.state == "running" for k in r.ranks)
+    _poll(deaf_running, "the deaf task runs", 60, 0.3)
+    high = _submit(cluster, user, name="high2", nodes=3, priority="HIGH",
+                   command=[sys.executable, "-c", "print('ok')"])
+    _poll(lambda: _chain(cluster, user, high).runs[-1].slurm_state == "COMPLETED", "the HIGH task completes", 60, 0.3)
+    runs = _chain(cluster, user, deaf).runs
+    assert runs[0].suspend_code == 1 and "INTERRUPT" in runs[0].stop_reasons, runs[0]
+    assert len(runs) == 2 and runs[1].restart_count == 1
+    _sched(cluster, user, lambda c: c.stop(deaf))
+    _poll(lambda: _chain(cluster, user, deaf).runs[-1].chain_status == "finished", "the deaf task stops", 60, 0.3)
+
+
+def test_the_watchdog_fails_a_silent_task(cluster: LocalCluster) -> None:
+    """hai.set_watchdog_time(2) then silence: the node agent stops it and the scheduler fails it as
+    TIMEOUT (not requeued)."""
+    user = cluster.user_token
+    code = ("from fireflyer import hai; import time\nhai.set_watchdog_time(2)\nprint('going quiet', flush=True)\n"
+            "time.sleep(120)")
+    task = _submit(cluster, user, name="quiet", nodes=1, priority="LOW", command=[sys.executable, "-c", code])
+    t0 = time.monotonic()
+    done = _poll(lambda: (c := _chain(cluster, user, task)).runs[-1].chain_status == "finished" and c,
+                 "the silent task is stopped", 60, 0.3)
+    assert time.monotonic() - t0 < 40
+    assert len(done.runs) == 1 and "TIMEOUT" in done.runs[0].stop_reasons and done.runs[0].slurm_state == "FAILED"
+
+
+def test_a_task_changes_its_own_priority_with_its_users_token(cluster: LocalCluster) -> None:
+    """hai.set_priority from inside a rank: UpdatePriority with the task's FF_TOKEN (its user's)."""
+    user = cluster.user_token
+    code = "from fireflyer import hai\nhai.set_priority(hai.EXP_PRIORITY.VERY_HIGH)\nprint('raised', flush=True)"
+    task = _submit(cluster, user, name="climber", nodes=1, priority="LOW", command=[sys.executable, "-c", code])
+    done = _poll(lambda: (c := _chain(cluster, user, task)).runs[-1].chain_status == "finished" and c,
+                 "the task ends", 60, 0.3)
+    assert done.runs[-1].slurm_state == "COMPLETED", _log(cluster, user, task, 0)
+    assert done.runs[-1].spec.priority == "VERY_HIGH" and "raised" in _log(cluster, user, task, 0)
+
+
+def _leader_pid(cluster: LocalCluster) -> int:
+    from fireflyer.kv import open_kv
+    from services.scheduler import store
+
+    kv = open_kv(f"sqlite:///{cluster.state_dir.absolute() / 'scheduler.db'}")
+    try:
+        lease = kv.run(lambda t: store.load_lease(t, snapshot=True))
+    finally:
+        kv.close()
+    assert lease is not None
+    (pid,) = [p.pid for p in cluster.record.processes if p.name == "scheduler" and p.address == lease.address]
+    return pid
+
+
+def test_the_leader_killed_mid_preemption_loses_nothing(cluster: LocalCluster) -> None:
+    """SIGKILL the scheduler leader right after a HIGH submit that preempts a LOW task: the other
+    replica takes over within the lease, re-sends what was in flight, the agents' reports reach it,
+    and both tasks end as they would have (the LOW one resumed at its saved step).  Last in the
+    file: the cluster keeps one scheduler replica afterwards."""
+    import os
+    import signal
+
+    user = cluster.user_token
+    py = sys.executable
+    low = _submit(cluster, user, name="low-failover", nodes=2, priority="LOW", grace_ack_s=30.0, grace_final_s=60.0,
+                  command=[py, str(EXAMPLE), "--steps", "40", "--step-s", "0.3", "--name", "e2e-hai-failover"])
+    _poll(lambda: "step 3 restart 0" in _log(cluster, user, low, 0), "the LOW task steps", 120, 0.5)
+    high = _submit(cluster, user, name="high-failover", nodes=3, priority="HIGH",
+                   command=[py, "-c", "import time; time.sleep(2); print('high done')"])
+    os.kill(_leader_pid(cluster), signal.SIGKILL)
+    t0 = time.monotonic()
+    done = _poll(lambda: (r := _chain(cluster, user, high).runs[-1]).slurm_state == "COMPLETED" and r,
+                 "the HIGH task completes under the new leader", 120, 0.5)
+    print(f"failover: HIGH completed {time.monotonic() - t0:.1f} s after the leader was killed")
+    assert "high done" in _log(cluster, user, done.id, 0)
+
+    def low_resumed_and_done() -> Any:
+        rs = _chain(cluster, user, low).runs
+        return rs if len(rs) == 2 and rs[-1].slurm_state == "COMPLETED" else None
+    first, second = _poll(low_resumed_and_done, "the LOW task resumes and completes", 240, 1.0)
+    assert "INTERRUPT" in first.stop_reasons and second.restart_count == 1, (first, second)
+    saved = re.findall(r"rank 0 saved step (\d+)", _log(cluster, user, first.id, 0))
+    assert saved, _log(cluster, user, first.id, 0)
+    log = _log(cluster, user, second.id, 0)
+    assert f"rank 0 start at step {saved[0]} restart 1" in log and "rank 0 done at step 40" in log, log
+
+
+def test_a_killed_node_agents_task_is_requeued_on_another_node(cluster: LocalCluster) -> None:
+    """SIGKILL a node agent: its node goes silent, the scheduler marks it lost after node_timeout_s
+    (8 s here) and requeues its run elsewhere (NODE_LOST, restart_count 1).  Last in the file: the
+    cluster keeps two nodes afterwards.  (The killed agent's rank keeps running, as a crashed agent
+    leaves it for the next agent to adopt; the test ends it.)"""
+    import json
+    import os
+    import signal
+
+    user = cluster.user_token
+    code = ("import os, time\nprint('on', os.environ['FF_NODE_NAME'], 'restart', os.environ['FF_RESTART_COUNT'], "
+            "flush=True)\ntime.sleep(600)")
+    task = _submit(cluster, user, name="survivor", nodes=1, priority="LOW", command=[sys.executable, "-c", code])
+    first = _poll(lambda: (r := _chain(cluster, user, task).runs[-1]).ranks and r.ranks[0].state == "running" and r,
+                  "the task runs", 60, 0.3)
+    victim = first.nodes[0]
+    (agent,) = [p for p in cluster.record.processes if p.instance == f"node-{victim.removeprefix('node')}"]
+    os.kill(agent.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        def moved() -> Any:
+            rs = _chain(cluster, user, task).runs
+            return rs if len(rs) == 2 and rs[-1].ranks and rs[-1].ranks[0].state == "running" else None
+        runs = _poll(moved, "the task is requeued on another node", 90, 0.5)
+        print(f"node loss: requeued and running elsewhere {time.monotonic() - t0:.1f} s after the agent was killed")
+        assert "NODE_LOST" in runs[0].stop_reasons and runs[1].restart_count == 1, runs[0]
+        assert runs[1].nodes[0] != victim
+        assert f"on {runs[1].nodes[0]} restart 1" in _log(cluster, user, runs[1].id, 0)
+        nodes = {n.name: n for n in _sched(cluster, cluster.admin_token, lambda c: c.nodes())}
+        assert nodes[victim].lost
+    finally:
+        _sched(cluster, user, lambda c: c.stop(task))
+        state = json.loads((cluster.state_dir / "node" / victim / "state.json").read_text())
+        for rank in state["tasks"][str(first.id)]["ranks"]:
+            try:
+                os.killpg(rank["pgid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
