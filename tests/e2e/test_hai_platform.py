@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import pytest
 
 from fireflyer.api.scheduler.v1 import scheduler_pb2 as pb
-from fireflyer.core.errors import PermissionDenied
+from fireflyer.core.errors import FailedPrecondition, PermissionDenied
 from fireflyer.sched.client import SchedClient
 from fireflyer.testing.cluster import REPO_ROOT, LocalCluster, run_ff, started_cluster
 
@@ -245,6 +245,113 @@ def test_a_task_changes_its_own_priority_with_its_users_token(cluster: LocalClus
                  "the task ends", 60, 0.3)
     assert done.runs[-1].slurm_state == "COMPLETED", _log(cluster, user, task, 0)
     assert done.runs[-1].spec.priority == "VERY_HIGH" and "raised" in _log(cluster, user, task, 0)
+
+
+def _ff_admin(cluster: LocalCluster, *args: str) -> str:
+    """``ff VERB --state-dir <cluster> ARGS``: the CLI uses the cluster's admin token for admin verbs."""
+    res = run_ff([args[0], "--state-dir", str(cluster.state_dir), *args[1:]], timeout_s=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
+def _idle(cluster: LocalCluster) -> None:
+    """No chain of any user holds or waits for nodes: the tests below each start from an idle cluster."""
+    _poll(lambda: not _sched(cluster, cluster.admin_token, lambda c: c.list(include_finished=False)),
+          "no unfinished task left by an earlier test", 60, 0.3)
+
+
+def _stop_all(cluster: LocalCluster, token: str, *tasks: int) -> None:
+    for t in tasks:
+        try:
+            _sched(cluster, token, lambda c, t=t: c.stop(t))
+        except FailedPrecondition:  # already finished
+            pass
+    _idle(cluster)
+
+
+def _sleeper(seconds: float) -> list[str]:
+    return [sys.executable, "-c", f"import time; print('up', flush=True); time.sleep({seconds})"]
+
+
+def _all_ranks_running(cluster: LocalCluster, token: str, task: int) -> Any:
+    r = _chain(cluster, token, task).runs[-1]
+    return r if r.ranks and all(k.state == "running" for k in r.ranks) else None
+
+
+def _waiting(cluster: LocalCluster, token: str, task: int, what: str) -> Any:
+    """The run once the scheduler has given it a reason to wait (a tick after the submit)."""
+    return _poll(lambda: (r := _chain(cluster, token, task).runs[-1]).reason and r, what, 30, 0.3)
+
+
+def test_a_drained_node_gets_no_task_until_enabled(cluster: LocalCluster) -> None:
+    """Drain node2 (admin, through the CLI): a 3-node task, which fits only with node2, stays PENDING
+    with the drain as its reason; ``--enable`` lets it start on all three nodes."""
+    user = cluster.user_token
+    _idle(cluster)
+    _ff_admin(cluster, "nodes", "--drain", "node2", "--reason", "fan failure")
+    task = 0
+    try:
+        task = _submit(cluster, user, name="needs-node2", nodes=3, priority="NORMAL", command=_sleeper(60))
+        r = _waiting(cluster, user, task, "the 3-node task waits for the drained node")
+        assert r.slurm_state == "PENDING" and not r.nodes, r
+        assert "drained" in r.reason and "node2: fan failure" in r.reason, r.reason
+        listed = _ff_admin(cluster, "nodes")
+        assert "fan failure" in listed, listed
+        _ff_admin(cluster, "nodes", "--enable", "node2")
+        run = _poll(lambda: _all_ranks_running(cluster, user, task), "the task runs after --enable", 60, 0.3)
+        assert sorted(run.nodes) == ["node0", "node1", "node2"], run.nodes
+    finally:
+        _ff_admin(cluster, "nodes", "--enable", "node2")
+        if task:
+            _stop_all(cluster, user, task)
+
+
+def test_only_one_running_task_spans_zones(cluster: LocalCluster) -> None:
+    """Zones A, A, B: a 3-node task must span A and B, and does; while it runs, a second task that
+    would also have to span zones waits with the zone rule as its reason (not merely for nodes),
+    and starts once the first is stopped."""
+    user = cluster.user_token
+    _idle(cluster)
+    first = second = 0
+    try:
+        first = _submit(cluster, user, name="spans", nodes=3, priority="NORMAL", command=_sleeper(60))
+        run = _poll(lambda: _all_ranks_running(cluster, user, first), "the cross-zone task runs", 60, 0.3)
+        assert sorted(run.nodes) == ["node0", "node1", "node2"], run.nodes
+        second = _submit(cluster, user, name="spans-too", nodes=3, priority="NORMAL", command=_sleeper(60))
+        r = _waiting(cluster, user, second, "the second cross-zone task waits")
+        assert r.slurm_state == "PENDING" and not r.nodes, r
+        assert f"run {run.id} already spans zones and only one may" in r.reason, r.reason
+        _sched(cluster, user, lambda c: c.stop(first))
+        again = _poll(lambda: _all_ranks_running(cluster, user, second), "the second runs after the first stops",
+                      60, 0.3)
+        assert sorted(again.nodes) == ["node0", "node1", "node2"], again.nodes
+    finally:
+        _stop_all(cluster, user, *[t for t in (first, second) if t])
+
+
+def test_a_run_over_its_users_quota_waits(cluster: LocalCluster) -> None:
+    """An admin sets the user's quota at ABOVE_NORMAL to 1 node: a 2-node submit at that level waits
+    as over quota although nodes are free; removing the quota lets it run."""
+    user = cluster.user_token
+    entry = cluster.tokens.for_role("user")
+    assert entry is not None
+    owner = entry.user
+    _idle(cluster)
+    _ff_admin(cluster, "quota", "--set", owner, "default", "ABOVE_NORMAL", "1")
+    task = 0
+    try:
+        task = _submit(cluster, user, name="too-big", nodes=2, priority="ABOVE_NORMAL", command=_sleeper(60))
+        r = _waiting(cluster, user, task, "the over-quota task waits")
+        assert r.slurm_state == "PENDING" and not r.nodes, r
+        assert r.reason.startswith("over quota:") and "its 1-node quota at ABOVE_NORMAL" in r.reason, r.reason
+        _ff_admin(cluster, "quota", "--remove", owner, "default", "ABOVE_NORMAL")
+        run = _poll(lambda: _all_ranks_running(cluster, user, task), "the task runs once the quota is removed",
+                    60, 0.3)
+        assert len(run.nodes) == 2
+    finally:
+        _ff_admin(cluster, "quota", "--remove", owner, "default", "ABOVE_NORMAL")
+        if task:
+            _stop_all(cluster, user, task)
 
 
 def _leader_pid(cluster: LocalCluster) -> int:
