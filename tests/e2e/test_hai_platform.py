@@ -354,6 +354,32 @@ def test_a_run_over_its_users_quota_waits(cluster: LocalCluster) -> None:
             _stop_all(cluster, user, task)
 
 
+def test_bench_sched_preempt_measures_against_the_save_in_the_same_run(cluster: LocalCluster) -> None:
+    """``ff bench sched --preempt`` on this cluster, one iteration: the latency from the HIGH submit to
+    its ranks running, beside the LOW run's save time and the goal (save + 2 s) of the same run."""
+    import json
+
+    _idle(cluster)
+    res = run_ff(["bench", "sched", "--preempt", "--state-dir", str(cluster.state_dir), "--iterations", "1",
+                  "--json"], timeout_s=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["bench"] == "sched" and out["mode"] == "preempt", out
+    p = out["preemption"]
+    assert p["iterations"] == 1 and p["nodes"] == 3 and p["slack_s"] == 2.0 and len(p["runs"]) == 1, p
+    (run,) = p["runs"]
+    assert 0 < run["save_s"] < run["latency_s"], "the HIGH run waits at least for the LOW run's save"
+    assert run["goal_s"] == round(run["save_s"] + 2.0, 3) and run["met"] == (run["latency_s"] <= run["goal_s"])
+    assert run["saved_step"] >= 3
+    (goal,) = out["goals"]
+    assert goal["value"] == p["latency_s_median"] and goal["target"] == p["goal_s_median"], goal
+    print(f"bench sched --preempt: latency {run['latency_s']} s, save {run['save_s']} s, goal {run['goal_s']} s")
+    # both runs ended and the LOW chain (requeued as its next run) was stopped: the cluster is idle again
+    low = _chain(cluster, cluster.user_token, run["low_task"])
+    assert low.runs[0].suspend_code == 3 and low.runs[-1].chain_status == "finished", low
+    _idle(cluster)
+
+
 def _leader_pid(cluster: LocalCluster) -> int:
     from fireflyer.kv import open_kv
     from services.scheduler import store
