@@ -279,8 +279,9 @@ def _all_ranks_running(cluster: LocalCluster, token: str, task: int) -> Any:
 
 
 def _waiting(cluster: LocalCluster, token: str, task: int, what: str) -> Any:
-    """The run once the scheduler has given it a reason to wait (a tick after the submit)."""
-    return _poll(lambda: (r := _chain(cluster, token, task).runs[-1]).reason and r, what, 30, 0.3)
+    """The run once a decision has given it a reason to wait (the submit's own reason is a placeholder)."""
+    return _poll(lambda: (r := _chain(cluster, token, task).runs[-1]).reason_code not in ("", "submitted") and r,
+                 what, 30, 0.3)
 
 
 def test_a_drained_node_gets_no_task_until_enabled(cluster: LocalCluster) -> None:
@@ -406,7 +407,8 @@ def test_the_leader_killed_mid_preemption_loses_nothing(cluster: LocalCluster) -
     py = sys.executable
     low = _submit(cluster, user, name="low-failover", nodes=2, priority="LOW", grace_ack_s=30.0, grace_final_s=60.0,
                   command=[py, str(EXAMPLE), "--steps", "40", "--step-s", "0.3", "--name", "e2e-hai-failover"])
-    _poll(lambda: "step 3 restart 0" in _log(cluster, user, low, 0), "the LOW task steps", 120, 0.5)
+    _poll(lambda: _all_ranks_running(cluster, user, low) and "step 3 restart 0" in _log(cluster, user, low, 0),
+          "the LOW task steps", 120, 0.5)
     high = _submit(cluster, user, name="high-failover", nodes=3, priority="HIGH",
                    command=[py, "-c", "import time; time.sleep(2); print('high done')"])
     os.kill(_leader_pid(cluster), signal.SIGKILL)
