@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import pytest
 
 from fireflyer.api.scheduler.v1 import scheduler_pb2 as pb
-from fireflyer.core.errors import PermissionDenied
+from fireflyer.core.errors import FailedPrecondition, PermissionDenied
 from fireflyer.sched.client import SchedClient
 from fireflyer.testing.cluster import REPO_ROOT, LocalCluster, run_ff, started_cluster
 
@@ -247,6 +247,140 @@ def test_a_task_changes_its_own_priority_with_its_users_token(cluster: LocalClus
     assert done.runs[-1].spec.priority == "VERY_HIGH" and "raised" in _log(cluster, user, task, 0)
 
 
+def _ff_admin(cluster: LocalCluster, *args: str) -> str:
+    """``ff VERB --state-dir <cluster> ARGS``: the CLI uses the cluster's admin token for admin verbs."""
+    res = run_ff([args[0], "--state-dir", str(cluster.state_dir), *args[1:]], timeout_s=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
+def _idle(cluster: LocalCluster) -> None:
+    """No chain of any user holds or waits for nodes: the tests below each start from an idle cluster."""
+    _poll(lambda: not _sched(cluster, cluster.admin_token, lambda c: c.list(include_finished=False)),
+          "no unfinished task left by an earlier test", 60, 0.3)
+
+
+def _stop_all(cluster: LocalCluster, token: str, *tasks: int) -> None:
+    for t in tasks:
+        try:
+            _sched(cluster, token, lambda c, t=t: c.stop(t))
+        except FailedPrecondition:  # already finished
+            pass
+    _idle(cluster)
+
+
+def _sleeper(seconds: float) -> list[str]:
+    return [sys.executable, "-c", f"import time; print('up', flush=True); time.sleep({seconds})"]
+
+
+def _all_ranks_running(cluster: LocalCluster, token: str, task: int) -> Any:
+    r = _chain(cluster, token, task).runs[-1]
+    return r if r.ranks and all(k.state == "running" for k in r.ranks) else None
+
+
+def _waiting(cluster: LocalCluster, token: str, task: int, what: str) -> Any:
+    """The run once a decision has given it a reason to wait (the submit's own reason is a placeholder)."""
+    return _poll(lambda: (r := _chain(cluster, token, task).runs[-1]).reason_code not in ("", "submitted") and r,
+                 what, 30, 0.3)
+
+
+def test_a_drained_node_gets_no_task_until_enabled(cluster: LocalCluster) -> None:
+    """Drain node2 (admin, through the CLI): a 3-node task, which fits only with node2, stays PENDING
+    with the drain as its reason; ``--enable`` lets it start on all three nodes."""
+    user = cluster.user_token
+    _idle(cluster)
+    _ff_admin(cluster, "nodes", "--drain", "node2", "--reason", "fan failure")
+    task = 0
+    try:
+        task = _submit(cluster, user, name="needs-node2", nodes=3, priority="NORMAL", command=_sleeper(60))
+        r = _waiting(cluster, user, task, "the 3-node task waits for the drained node")
+        assert r.slurm_state == "PENDING" and not r.nodes, r
+        assert "drained" in r.reason and "node2: fan failure" in r.reason, r.reason
+        listed = _ff_admin(cluster, "nodes")
+        assert "fan failure" in listed, listed
+        _ff_admin(cluster, "nodes", "--enable", "node2")
+        run = _poll(lambda: _all_ranks_running(cluster, user, task), "the task runs after --enable", 60, 0.3)
+        assert sorted(run.nodes) == ["node0", "node1", "node2"], run.nodes
+    finally:
+        _ff_admin(cluster, "nodes", "--enable", "node2")
+        if task:
+            _stop_all(cluster, user, task)
+
+
+def test_only_one_running_task_spans_zones(cluster: LocalCluster) -> None:
+    """Zones A, A, B: a 3-node task must span A and B, and does; while it runs, a second task that
+    would also have to span zones waits with the zone rule as its reason (not merely for nodes),
+    and starts once the first is stopped."""
+    user = cluster.user_token
+    _idle(cluster)
+    first = second = 0
+    try:
+        first = _submit(cluster, user, name="spans", nodes=3, priority="NORMAL", command=_sleeper(60))
+        run = _poll(lambda: _all_ranks_running(cluster, user, first), "the cross-zone task runs", 60, 0.3)
+        assert sorted(run.nodes) == ["node0", "node1", "node2"], run.nodes
+        second = _submit(cluster, user, name="spans-too", nodes=3, priority="NORMAL", command=_sleeper(60))
+        r = _waiting(cluster, user, second, "the second cross-zone task waits")
+        assert r.slurm_state == "PENDING" and not r.nodes, r
+        assert f"run {run.id} already spans zones and only one may" in r.reason, r.reason
+        _sched(cluster, user, lambda c: c.stop(first))
+        again = _poll(lambda: _all_ranks_running(cluster, user, second), "the second runs after the first stops",
+                      60, 0.3)
+        assert sorted(again.nodes) == ["node0", "node1", "node2"], again.nodes
+    finally:
+        _stop_all(cluster, user, *[t for t in (first, second) if t])
+
+
+def test_a_run_over_its_users_quota_waits(cluster: LocalCluster) -> None:
+    """An admin sets the user's quota at ABOVE_NORMAL to 1 node: a 2-node submit at that level waits
+    as over quota although nodes are free; removing the quota lets it run."""
+    user = cluster.user_token
+    entry = cluster.tokens.for_role("user")
+    assert entry is not None
+    owner = entry.user
+    _idle(cluster)
+    _ff_admin(cluster, "quota", "--set", owner, "default", "ABOVE_NORMAL", "1")
+    task = 0
+    try:
+        task = _submit(cluster, user, name="too-big", nodes=2, priority="ABOVE_NORMAL", command=_sleeper(60))
+        r = _waiting(cluster, user, task, "the over-quota task waits")
+        assert r.slurm_state == "PENDING" and not r.nodes, r
+        assert r.reason.startswith("over quota:") and "its 1-node quota at ABOVE_NORMAL" in r.reason, r.reason
+        _ff_admin(cluster, "quota", "--remove", owner, "default", "ABOVE_NORMAL")
+        run = _poll(lambda: _all_ranks_running(cluster, user, task), "the task runs once the quota is removed",
+                    60, 0.3)
+        assert len(run.nodes) == 2
+    finally:
+        _ff_admin(cluster, "quota", "--remove", owner, "default", "ABOVE_NORMAL")
+        if task:
+            _stop_all(cluster, user, task)
+
+
+def test_bench_sched_preempt_measures_against_the_save_in_the_same_run(cluster: LocalCluster) -> None:
+    """``ff bench sched --preempt`` on this cluster, one iteration: the latency from the HIGH submit to
+    its ranks running, beside the LOW run's save time and the goal (save + 2 s) of the same run."""
+    import json
+
+    _idle(cluster)
+    res = run_ff(["bench", "sched", "--preempt", "--state-dir", str(cluster.state_dir), "--iterations", "1",
+                  "--json"], timeout_s=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["bench"] == "sched" and out["mode"] == "preempt", out
+    p = out["preemption"]
+    assert p["iterations"] == 1 and p["nodes"] == 3 and p["slack_s"] == 2.0 and len(p["runs"]) == 1, p
+    (run,) = p["runs"]
+    assert 0 < run["save_s"] < run["latency_s"], "the HIGH run waits at least for the LOW run's save"
+    assert run["goal_s"] == round(run["save_s"] + 2.0, 3) and run["met"] == (run["latency_s"] <= run["goal_s"])
+    assert run["saved_step"] >= 3
+    (goal,) = out["goals"]
+    assert goal["value"] == p["latency_s_median"] and goal["target"] == p["goal_s_median"], goal
+    print(f"bench sched --preempt: latency {run['latency_s']} s, save {run['save_s']} s, goal {run['goal_s']} s")
+    # both runs ended and the LOW chain (requeued as its next run) was stopped: the cluster is idle again
+    low = _chain(cluster, cluster.user_token, run["low_task"])
+    assert low.runs[0].suspend_code == 3 and low.runs[-1].chain_status == "finished", low
+    _idle(cluster)
+
+
 def _leader_pid(cluster: LocalCluster) -> int:
     from fireflyer.kv import open_kv
     from services.scheduler import store
@@ -273,7 +407,8 @@ def test_the_leader_killed_mid_preemption_loses_nothing(cluster: LocalCluster) -
     py = sys.executable
     low = _submit(cluster, user, name="low-failover", nodes=2, priority="LOW", grace_ack_s=30.0, grace_final_s=60.0,
                   command=[py, str(EXAMPLE), "--steps", "40", "--step-s", "0.3", "--name", "e2e-hai-failover"])
-    _poll(lambda: "step 3 restart 0" in _log(cluster, user, low, 0), "the LOW task steps", 120, 0.5)
+    _poll(lambda: _all_ranks_running(cluster, user, low) and "step 3 restart 0" in _log(cluster, user, low, 0),
+          "the LOW task steps", 120, 0.5)
     high = _submit(cluster, user, name="high-failover", nodes=3, priority="HIGH",
                    command=[py, "-c", "import time; time.sleep(2); print('high done')"])
     os.kill(_leader_pid(cluster), signal.SIGKILL)

@@ -266,6 +266,17 @@ def _print(result: dict[str, Any]) -> None:
         print(f"{'met ' if g['met'] else 'MISSED'} {g['goal']}: {g['value']} (target {g['target']})")
 
 
+def _print_preempt(result: dict[str, Any]) -> None:
+    r = result["preemption"]
+    print(f"preemption on the local cluster ({r['nodes']} nodes; a {r['low_nodes']}-node LOW run saving through "
+          f"fireflyer.ckpt, preempted by a {r['nodes']}-node HIGH run):")
+    print(f"{'iter':>4} {'latency s':>10} {'save s':>7} {'goal s':>7} met")
+    for i, row in enumerate(r["runs"]):
+        print(f"{i:>4} {row['latency_s']:>10} {row['save_s']:>7} {row['goal_s']:>7} {'yes' if row['met'] else 'NO'}")
+    for g in result["goals"]:
+        print(f"{'met ' if g['met'] else 'MISSED'} {g['goal']}: {g['value']} s (target {g['target']} s)")
+
+
 def _ints(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -287,8 +298,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--scaling-cycles", type=int, default=10, help="decisions per depth of the table (default 10)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--profile", action="store_true", help="print the decision's cProfile top 25 to stderr")
+    live = p.add_argument_group("preemption on a running local cluster (instead of the simulation)")
+    live.add_argument("--preempt", action="store_true", help="measure HIGH submit -> its ranks running while a "
+                      "LOW run checkpoints (the cluster must be idle)")
+    live.add_argument("--state-dir", default=None, help="the cluster (default FF_STATE_DIR or .ff)")
+    live.add_argument("--address", default=None, help="the scheduler replicas (comma separated) instead")
+    live.add_argument("--iterations", type=int, default=3, help="preemptions measured (default 3)")
+    live.add_argument("--timeout", type=float, default=120.0, help="seconds each step may take (default 120)")
     add_json_option(p)
     ns = p.parse_args(argv)
+    if ns.preempt:
+        from fireflyer.bench.sched_preempt import bench_preempt
+
+        if ns.iterations < 1:
+            p.error("--iterations must be >= 1")
+        live_result = bench_preempt(ns.state_dir, ns.address, None, ns.iterations, ns.timeout)
+        return emit(ns.json, live_result, lambda: _print_preempt(live_result))
     if min(ns.nodes, ns.zones, ns.tasks, ns.cycles, ns.scaling_cycles) < 1 or ns.zones > ns.nodes:
         p.error("--nodes, --zones, --tasks, --cycles, --scaling-cycles must be >= 1, and zones <= nodes")
     result = bench_sched(ns.nodes, ns.zones, ns.tasks, ns.cycles, ns.scaling, ns.scaling_cycles, ns.seed,

@@ -1,7 +1,7 @@
 """``ff task``, ``ff nodes``, ``ff quota``: the HAI Platform scheduler from the command line.
 
     ff task submit [-n NODES] [-p PRIORITY] [-g GROUP] [--name NAME] [--zone Z] [--max-restarts R]
-                   [--grace ACK[,FINAL]] [--signal SIG] [-f spec.toml] -- CMD ARGS
+                   [--grace ACK[,FINAL]] [--signal SIG] [-f spec.yaml] -- CMD ARGS
     ff task ls [--all] [--user U] [--json]          your chains (an admin: everyone's)
     ff task status ID [--json]                      the chain (one row per run) and the newest run's ranks
     ff task logs ID [-f] [--rank R]                 a rank's output (-f: follow while it runs)
@@ -13,7 +13,7 @@
     ff quota [--user OWNER] [--set OWNER GROUP PRIORITY NODES | --remove OWNER GROUP PRIORITY] [--json]
 
 ID is a chain id (the id ``submit`` prints) or the id of any run of it.  ``-f`` reads a spec file
-shaped like HAI's v2 experiment file, in TOML or JSON (:mod:`fireflyer.sched.specfile`); flags
+shaped like HAI's v2 experiment file, in YAML, TOML or JSON (:mod:`fireflyer.sched.specfile`); flags
 override it.  The scheduler is ``--address`` (comma separated replicas), else ``FF_SCHED_ADDR``,
 else the scheduler of the local cluster (``--state-dir`` / ``FF_STATE_DIR`` / ``.ff``); the token
 ``--token``, else ``FF_TOKEN``, else the cluster's user token (its admin token for ``--drain``,
@@ -307,7 +307,7 @@ def register(subparsers: Any) -> None:
                    help="seconds to acknowledge an interrupt, then to save (default: the cluster's, 5,5)")
     s.add_argument("--signal", default=None, help="also send this signal on an interrupt (Slurm --signal), e.g. "
                                                   "SIGUSR1")
-    s.add_argument("-f", "--file", default=None, help="a spec file like HAI's v2 experiment file (TOML or JSON)")
+    s.add_argument("-f", "--file", default=None, help="a spec file like HAI's v2 experiment file (YAML, TOML or JSON)")
     s.add_argument("--json", action="store_true")
     s.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command and its arguments")
     rn = sub.add_parser("run", help="run a command locally in simulate mode (hai-cli ... ++ -ss S)")

@@ -1,7 +1,23 @@
-"""A task spec from a file shaped like HAI's v2 experiment file, in TOML or JSON.
+"""A task spec from a file shaped like HAI's v2 experiment file, in YAML (as HAI writes it), TOML or JSON.
 
-HAI writes these in YAML; no YAML parser ships with Fire-Flyer's dependencies (PyYAML is not one),
-so the same structure is read from TOML (``tomllib``) or JSON instead::
+The suffix picks the parser: ``.yaml``/``.yml`` (``yaml.safe_load``: plain data only, no tags that
+build objects), ``.json``, anything else TOML.  The structure, in YAML::
+
+    name: llama-13b
+    priority: HIGH                    # a HAI level or its number
+    spec:
+      entrypoint: train.py            # .py runs with python, .sh with bash, else as a program
+      parameters: --lr 3e-4 --bs 8    # a string (split like a shell) or a list
+      entrypoint_executable: false    # true: run entrypoint itself even if it ends in .py/.sh
+    resource:
+      group: default                  # the node group
+      node_count: 4
+      zone: ""                        # ours: pin to one network zone
+    options:                          # ours beside HAI's whole_life_state and watchdog_time
+      whole_life_state: 0
+      watchdog_time: 1800
+
+and the same in TOML::
 
     name = "llama-13b"
     priority = "HIGH"                 # a HAI level or its number
@@ -54,17 +70,38 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
         text = p.read_text()
     except OSError as e:
         raise InvalidArgument(f"cannot read task spec file {p}: {e.strerror}", field="file", path=str(p)) from None
-    try:
-        data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
-    except (ValueError, tomllib.TOMLDecodeError) as e:
-        kind = "JSON" if p.suffix == ".json" else "TOML"
-        raise InvalidArgument(f"task spec file {p} is not valid {kind}: {e} (YAML is not read: use TOML or JSON "
-                              "with the same fields)", field="file", path=str(p)) from None
+    if p.suffix in (".yaml", ".yml"):
+        data = _load_yaml(text, p)
+    else:
+        try:
+            data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+        except (ValueError, tomllib.TOMLDecodeError) as e:
+            kind = "JSON" if p.suffix == ".json" else "TOML"
+            raise InvalidArgument(f"task spec file {p} is not valid {kind}: {e}", field="file",
+                                  path=str(p)) from None
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"task spec file {p} must hold a mapping (name, priority, spec, resource, options), "
+                              f"not {type(data).__name__}", field="file", path=str(p))
     return spec_fields(data, source=str(p))
+
+
+def _load_yaml(text: str, p: Path) -> Any:
+    import yaml  # only a YAML spec pays for the import
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+        problem = getattr(e, "problem", None) or str(e)
+        raise InvalidArgument(f"task spec file {where} is not valid YAML: {problem}", field="file", path=str(p),
+                              line=mark.line + 1 if mark is not None else 0) from None
 
 
 def _section(data: dict[str, Any], name: str, allowed: set[str], source: str) -> dict[str, Any]:
     sec = data.get(name, {})
+    if sec is None:  # YAML's "options:" with nothing under it
+        sec = {}
     if not isinstance(sec, dict):
         raise InvalidArgument(f"{source}: [{name}] must be a table", field=name)
     extra = set(sec) - allowed

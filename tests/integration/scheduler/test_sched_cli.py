@@ -93,6 +93,23 @@ def test_suspend_resume_priority_and_spec_file(cli, tmp_path) -> None:  # type: 
     assert "resource.image" in ff("task", "submit", "-f", str(bad), code=1)
 
 
+def test_submit_from_a_yaml_spec_file(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """HAI's v2 experiment file as HAI writes it (YAML); a syntax error names the file and line."""
+    h, ff = cli
+    f = tmp_path / "exp.yaml"
+    f.write_text("name: from-yaml\npriority: LOW\nspec:\n  entrypoint: train.py\n  parameters: --epochs 3\n"
+                 "resource:\n  node_count: 1\noptions:\n  whole_life_state: 2\n")
+    tid = int(ff("task", "submit", "-f", str(f)).split()[2])
+    run = h.wait_chain(tid, lambda c: c.runs[-1].chain_status == "running", "running").runs[-1]
+    assert list(run.spec.command) == ["python", "train.py", "--epochs", "3"] and run.spec.priority == "LOW"
+    assert run.whole_life_state == 2 and run.spec.name == "from-yaml"
+    ff("task", "stop", str(tid))
+    bad = tmp_path / "bad.yml"
+    bad.write_text("name: x\nresource:\n  node_count: [1\n")
+    err = ff("task", "submit", "-f", str(bad), code=1)
+    assert f"{bad}:" in err and "not valid YAML" in err, err
+
+
 def test_bad_input_and_other_users(cli) -> None:  # type: ignore[no-untyped-def]
     h, ff = cli
     assert "nodes" in ff("task", "submit", "-n", "9", "--", "x", code=1)

@@ -30,3 +30,19 @@ def test_bench_sched_cli_json(capsys) -> None:  # type: ignore[no-untyped-def]
                  "--scaling-cycles", "3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["bench"] == "sched" and out["nodes"] == 20 and out["scaling"][0]["tasks"] == 30
+
+
+def test_bench_sched_preempt_needs_a_cluster(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """--preempt measures a running cluster only (the e2e test runs it on one): none -> NoClusterFound,
+    and a bad --iterations is refused before anything is submitted."""
+    import pytest
+
+    from fireflyer.core.errors import NoClusterFound
+
+    for var in ("FF_SCHED_ADDR", "FF_TOKEN", "FF_STATE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(SystemExit) as e:
+        main(["--preempt", "--iterations", "0"])
+    assert e.value.code == 2
+    with pytest.raises(NoClusterFound):
+        main(["--preempt", "--state-dir", str(tmp_path / "none"), "--json"])

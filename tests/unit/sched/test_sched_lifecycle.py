@@ -4,6 +4,7 @@ its grace times, reports, the end and the chain's next run; and the spec file re
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -118,6 +119,39 @@ def test_spec_file_in_toml_and_json(tmp_path) -> None:  # type: ignore[no-untype
         read_spec_file(tmp_path / "bad.toml")
     with pytest.raises(InvalidArgument, match="cannot read"):
         read_spec_file(tmp_path / "missing.toml")
+
+
+def test_a_yaml_spec_file_reads_hais_v2_layout(tmp_path: Path) -> None:
+    yml = tmp_path / "exp.yml"
+    yml.write_text("name: llama\npriority: 40\nspec:\n  entrypoint: train.py\n  parameters: --lr 3e-4 --bs 8\n"
+                   "resource:\n  group: g\n  node_count: 2\n  zone: A\noptions:\n  whole_life_state: 3\n"
+                   "  watchdog_time: 1800\n  grace_ack_s: 5.0\n")
+    assert read_spec_file(yml) == {"name": "llama", "priority": "40", "group": "g", "nodes": 2, "zone": "A",
+                                   "command": ["python", "train.py", "--lr", "3e-4", "--bs", "8"],
+                                   "whole_life_state": 3, "watchdog_s": 1800, "grace_ack_s": 5.0}
+    # an empty section is no section; a list of parameters stays a list
+    (tmp_path / "e.yaml").write_text("spec:\n  entrypoint: ./a.out\n  parameters: [-x, 'two words']\noptions:\n")
+    assert read_spec_file(tmp_path / "e.yaml") == {"command": ["./a.out", "-x", "two words"]}
+    # HAI fields we do not run are refused by name, as from TOML
+    (tmp_path / "img.yaml").write_text("resource:\n  image: default\n  node_count: 1\n")
+    with pytest.raises(InvalidArgument, match=r"resource\.image is not supported"):
+        read_spec_file(tmp_path / "img.yaml")
+
+
+def test_a_bad_yaml_spec_file_is_refused_with_its_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nspec:\n  entrypoint: a.py\n  parameters: [1, 2\nresource:\n  node_count: 1\n")
+    with pytest.raises(InvalidArgument) as e:
+        read_spec_file(bad)
+    assert f"{bad}:5:" in str(e.value) and "not valid YAML" in str(e.value), e.value
+    # safe_load: a tag that would build a Python object is an error, not an object
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("name: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(InvalidArgument, match=rf"{evil}:1:.*not valid YAML"):
+        read_spec_file(evil)
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    with pytest.raises(InvalidArgument, match="must hold a mapping"):
+        read_spec_file(tmp_path / "list.yaml")
 
 
 def test_unschedulable_runs_back_off() -> None:
