@@ -545,7 +545,10 @@ class SchedCore:
     async def logs(self, run_or_chain: int, rank: int, follow: bool, caller: Caller
                    ) -> tuple[int, AsyncIterator[bytes]]:
         runs = await self.chain(run_or_chain, caller)
-        picked = [r for r in runs if r.id == run_or_chain] or [r for r in runs if r.task.ranks]
+        # the chain's id is also its first run's id: asked for the chain, show its newest run that
+        # started (as `hai-cli logs` and `squeue` follow a requeued job); any later run by its own id
+        with_ranks = [r for r in runs if r.task.ranks]
+        picked = with_ranks if run_or_chain == runs[0].task.chain_id else [r for r in runs if r.id == run_or_chain]
         if not picked or not picked[-1].task.ranks:
             raise FailedPrecondition(f"task {run_or_chain} has not run yet: no logs", task=run_or_chain)
         rec = picked[-1]

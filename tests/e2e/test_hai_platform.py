@@ -236,6 +236,23 @@ def test_the_watchdog_fails_a_silent_task(cluster: LocalCluster) -> None:
     assert len(done.runs) == 1 and "TIMEOUT" in done.runs[0].stop_reasons and done.runs[0].slurm_state == "FAILED"
 
 
+def test_a_crashing_task_is_requeued_only_within_its_max_restarts(cluster: LocalCluster) -> None:
+    """A user-code failure (exit 3 on every run) ends the chain FAILED at once without
+    max_restarts, and after exactly max_restarts more runs with it (HAI's restart rule)."""
+    user = cluster.user_token
+    crash = [sys.executable, "-c", "import os, sys\nprint('run', os.environ['FF_RESTART_COUNT'], flush=True)\n"
+                                   "sys.exit(3)"]
+    plain = _submit(cluster, user, name="crash0", nodes=1, priority="LOW", command=crash)
+    retried = _submit(cluster, user, name="crash2", nodes=1, priority="LOW", max_restarts=2, command=crash)
+    for task, runs in ((plain, 1), (retried, 3)):
+        done = _poll(lambda t=task: (c := _chain(cluster, user, t)).runs[-1].chain_status == "finished" and c,
+                     f"task {task} ends", 90, 0.3)
+        assert len(done.runs) == runs, done.runs
+        assert [r.restart_count for r in done.runs] == list(range(runs))
+        assert all(r.slurm_state == "FAILED" for r in done.runs), [r.slurm_state for r in done.runs]
+    assert "run 2" in _log(cluster, user, retried, 0)  # the last run saw its restart count
+
+
 def test_a_task_changes_its_own_priority_with_its_users_token(cluster: LocalCluster) -> None:
     """hai.set_priority from inside a rank: UpdatePriority with the task's FF_TOKEN (its user's)."""
     user = cluster.user_token

@@ -4,7 +4,7 @@
                    [--grace ACK[,FINAL]] [--signal SIG] [-f spec.yaml] -- CMD ARGS
     ff task ls [--all] [--user U] [--json]          your chains (an admin: everyone's)
     ff task status ID [--json]                      the chain (one row per run) and the newest run's ranks
-    ff task logs ID [-f] [--rank R]                 a rank's output (-f: follow while it runs)
+    ff task logs ID [-f] [--rank R]                 a rank's output: a chain id, its newest run (-f: follow)
     ff task stop|suspend|resume ID                  stop for good; interrupt and hold; release a held chain
     ff task priority ID PRIORITY                    change a chain's priority
     ff task run [--simulate-suspend-after S] [--whole-life-state N] -- CMD
