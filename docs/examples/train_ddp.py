@@ -2,6 +2,8 @@
 
     ff launch --job mlp-ddp --nodes 2 --local-ranks 2 -- python docs/examples/train_ddp.py --steps 40
     ff launch --nodes 2 --local-ranks 1 -- python docs/examples/train_ddp.py --root /tmp/ckpts --steps 20
+    ff task run --simulate-suspend-after 20 -- ff launch --nodes 2 --local-ranks 1 -- \
+        python docs/examples/train_ddp.py --root /tmp/ckpts --steps 100000
 
 Every rank trains the same MLP on its own stream of a synthetic regression set.  The model
 is wrapped in ``haiscale.ddp.DistributedDataParallel``: it starts from rank 0's weights,
@@ -12,6 +14,13 @@ every ``--save-every`` steps through ``fireflyer.ckpt.CheckpointManager`` (rank 
 the replicated state; every rank commits); launched again with the same job (``--job`` of
 ff launch, or the same ``--root``), every rank loads the newest committed checkpoint and goes
 on from the step after it.
+
+Under the HAI scheduler (``ff task submit``, or ``ff task run --simulate-suspend-after S -- ff launch
+...`` locally) every step also asks ``fireflyer.hai.suspend_requested(model.comm)``: the flag is agreed
+across ranks through the DDP's own HFReduce communicator (the process's shared one: only one per
+process), so when the scheduler raises it every rank saves a checkpoint at the same step, waits for
+the others to have saved, and calls ``hai.go_suspend()``; the task's next run resumes from that step.
+Outside a cluster the flag is never up and this costs one tiny allreduce per step.
 
 Checkpoints go to the cluster's checkpoint service and 3FS when one is found (``FF_CKPT_ADDR``
 ..., ``FF_STATE_DIR`` or ``./.ff``; ff launch passes its own on), or to a local directory with
@@ -38,13 +47,14 @@ def main() -> int:
 
     import torch
 
+    from fireflyer import hai
     from fireflyer.ckpt import CheckpointManager
     from haiscale.ddp import DistributedDataParallel
 
     torch.manual_seed(int(os.environ.get("FF_RANK", "0")))  # ranks start apart: the wrapper syncs rank 0's
     net = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.GELU(), torch.nn.Linear(128, 128),
                               torch.nn.GELU(), torch.nn.Linear(128, 1))
-    model = DistributedDataParallel(net)
+    model = DistributedDataParallel(net)  # its comm is haiscale.comm.shared(): the suspend poll reuses it
     rank, world = model.comm.rank, model.comm.world_size
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     w_true = torch.linspace(-1, 1, 32).unsqueeze(1)
@@ -52,6 +62,7 @@ def main() -> int:
     if args.root is not None:
         job = args.job or "train-ddp"  # a local root is the job's identity: FF_JOB_ID changes per launch
 
+    suspended_at = None
     with CheckpointManager(job, root=args.root, keep_last=2) as mgr:
         first = 1
         last = mgr.latest()
@@ -75,11 +86,26 @@ def main() -> int:
                     loss = torch.nn.functional.mse_loss(model(x), y)
                     (loss / args.accumulate).backward()
             opt.step()
-            if step % args.save_every == 0 or step == args.steps:
+            # a collective (every rank, every step): if any rank saw the flag, all stop at this step
+            suspend = hai.suspend_requested(model.comm)
+            if step % args.save_every == 0 or step == args.steps or suspend:
                 rec = mgr.save(step, {"model": net.state_dict(), "optim": opt.state_dict(), "step": step},
                                blocking=True).result()
                 if rank == 0:
                     print(f"step {step}: loss {loss.item():.4f}, checkpoint {rec.id}", flush=True)
+            if suspend:
+                suspended_at = step
+                break
+    if suspended_at is not None:
+        # save() returns after this rank's commit; the checkpoint is whole once every rank committed,
+        # so no rank may tell the scheduler to stop the task before all have (a barrier: a sum of 1s)
+        model.comm.allreduce(torch.ones(1), op="sum")
+        if rank == 0:
+            print(f"suspend requested: every rank saved step {suspended_at}; suspending", flush=True)
+        model.stop()
+        hai.go_suspend()  # in a task: never returns, the node agents stop it (its next run resumes here)
+        model.comm.close()
+        return 0
     # the same parameters on every rank, bit for bit: elementwise max and min of them all agree
     flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
     hi, lo = flat.clone(), flat.clone()

@@ -40,6 +40,30 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path: Path) -> Non
     assert digest(again) == digest(straight)
 
 
+def test_suspend_flag_saves_every_rank_at_one_step_and_a_restart_resumes_there(tmp_path: Path) -> None:
+    # HAI's simulate mode around a 2-node ff launch: the flag goes up after 6 s (wherever the ranks
+    # are by then: mid-training usually, still starting on a loaded machine, which then stops at
+    # step 1), every rank agrees on it through the DDP's HFReduce comm
+    launch_cmd = [sys.executable, "-m", "fireflyer.cli.main", "launch", "--nodes", "2", "--local-ranks", "1",
+                  "--timeout-s", "30", "--", sys.executable, str(EXAMPLE), "--root", str(tmp_path / "a"),
+                  "--steps", "1000000", "--save-every", "1000000"]
+    p = subprocess.run([sys.executable, "-m", "fireflyer.cli.main", "task", "run", "--simulate-suspend-after", "6",
+                        "--", *launch_cmd], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert "ff task run: go_suspend()" in p.stderr, p.stderr[-4000:]
+    m = re.search(r"\[rank 0\] suspend requested: every rank saved step (\d+); suspending", p.stdout)
+    assert m, p.stdout[-4000:] + p.stderr[-4000:]
+    step = int(m.group(1))
+    assert f"[rank 0] step {step}: loss" in p.stdout  # the checkpoint was written at that step
+    assert "done:" not in p.stdout  # stopped, not finished
+    again = launch(tmp_path / "a", "--steps", str(step + 2), "--save-every", "1000000")
+    assert "[rank 0] resumed job train-ddp from checkpoint" in again and f"at step {step}\n" in again
+    assert f"[rank 0] step {step + 2}: loss" in again and f"[rank 0] step {step}: loss" not in again
+    # the suspend checkpoint held model, optimizer and step: bit-identical to an uninterrupted run
+    straight = launch(tmp_path / "straight", "--steps", str(step + 2), "--save-every", "1000000")
+    assert digest(again) == digest(straight)
+
+
 def test_ff_bench_ddp_json() -> None:
     p = subprocess.run([sys.executable, "-m", "fireflyer.cli.main", "bench", "ddp", "--nodes", "2", "--local-ranks",
                         "1", "--model", "transformer", "--steps", "2", "--warmup", "1", "--json"],
