@@ -4,7 +4,9 @@
   and this agent's gRPC address (where the scheduler calls StartTask, Suspend, StopTask, TailLog),
   every ``heartbeat_interval_s`` the scheduler answers with.  A follower replica answers NotPrimary
   naming the leader; :class:`~fireflyer.sched.client.SchedClient` follows it (and waits out a
-  takeover).  A scheduler that does not answer is retried at the next beat.
+  takeover).  A scheduler that does not answer is retried at the next beat; while the agent has
+  never registered and the scheduler has been unreachable for less than ``startup_grace_s`` (agents
+  and scheduler start together under ``ff up``) that is an info line, not a warning.
 - **Report** (``NodeService.Report``) about every task the scheduler started here (task ids are the
   scheduler's run ids; one scheduler rank per node, the node rank): ``running`` once its processes
   run; what the runtime wrote beside the suspend flag (:mod:`fireflyer.node.runtime`: the
@@ -55,7 +57,7 @@ def exit_report(rec: TaskRecord) -> tuple[str, int]:
 
 class SchedLink:
     def __init__(self, manager: TaskManager, client: Any, *, agent_address: Callable[[], str], log: Any,
-                 interval_s: float = 1.0, report_interval_s: float = 0.2) -> None:
+                 interval_s: float = 1.0, report_interval_s: float = 0.2, startup_grace_s: float = 30.0) -> None:
         self.manager = manager
         self.client = client  # a SchedClient (or anything with register_node / report)
         self.agent_address = agent_address
@@ -66,7 +68,10 @@ class SchedLink:
         self._runtime_sent: dict[str, tuple[int | None, int | None]] = {}
         self._exit_sent: set[str] = set()
         self._registered = False
+        self._ever_registered = False
         self._last_error = ""
+        self.startup_grace_s = startup_grace_s
+        self._started = time.monotonic()
 
     # -- registration ------------------------------------------------------------------------------------
     def registration(self) -> spb.RegisterNodeRequest:
@@ -78,7 +83,7 @@ class SchedLink:
         reply = await self.client.register_node(self.registration())
         if not self._registered:
             self.log.info("node.registered", node=self.manager.facts.name, address=self.agent_address())
-            self._registered = True
+            self._registered = self._ever_registered = True
         self._last_error = ""
         return float(reply.heartbeat_interval_s) or self.interval_s
 
@@ -88,7 +93,13 @@ class SchedLink:
             try:
                 interval = await self.register_once()
             except (FireFlyerError, OSError) as e:
-                if str(e) != self._last_error:  # one line per new trouble, not one per beat
+                starting = (not self._ever_registered and isinstance(e, Unavailable)
+                            and time.monotonic() - self._started < self.startup_grace_s)
+                if starting:  # the scheduler is still starting: expected, and said once as info
+                    if not self._last_error:
+                        self.log.info("node.register_waiting", error=str(e))
+                        self._last_error = "(starting)"
+                elif str(e) != self._last_error:  # one line per new trouble, not one per beat
                     self.log.warning("node.register_failed", error=str(e))
                     self._last_error = str(e)
                 self._registered = False

@@ -542,13 +542,22 @@ class SchedCore:
             return store.chain_runs(t, cur.task.chain_id)
         return await self.mutate(fn)
 
-    async def logs(self, run_or_chain: int, rank: int, follow: bool, caller: Caller
-                   ) -> tuple[int, AsyncIterator[bytes]]:
+    async def logs(self, run_or_chain: int, rank: int, follow: bool, caller: Caller,
+                   restart: int | None = None) -> tuple[int, AsyncIterator[bytes]]:
         runs = await self.chain(run_or_chain, caller)
         # the chain's id is also its first run's id: asked for the chain, show its newest run that
-        # started (as `hai-cli logs` and `squeue` follow a requeued job); any later run by its own id
+        # started (as `hai-cli logs` and `squeue` follow a requeued job); any later run by its own id;
+        # ``restart`` picks one run of the chain by its restart count (the first run is restart 0)
         with_ranks = [r for r in runs if r.task.ranks]
-        picked = with_ranks if run_or_chain == runs[0].task.chain_id else [r for r in runs if r.id == run_or_chain]
+        if restart is not None:
+            picked = [r for r in runs if r.task.restart_count == restart]
+            if not picked:
+                raise NotFound(f"task {runs[0].task.chain_id} has no run with restart {restart} "
+                               f"(it has restarts 0..{runs[-1].task.restart_count})", task=run_or_chain)
+        elif run_or_chain == runs[0].task.chain_id:
+            picked = with_ranks
+        else:
+            picked = [r for r in runs if r.id == run_or_chain]
         if not picked or not picked[-1].task.ranks:
             raise FailedPrecondition(f"task {run_or_chain} has not run yet: no logs", task=run_or_chain)
         rec = picked[-1]

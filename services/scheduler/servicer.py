@@ -89,7 +89,11 @@ class TaskServicer(pb_grpc.TaskServiceServicer):
     async def StreamLogs(self, request: pb.LogsRequest, context: Any) -> AsyncIterator[pb.LogChunk]:
         if request.rank < 0:
             raise InvalidArgument(f"rank must be >= 0, got {request.rank}", field="rank")
-        run_id, chunks = await self.core.logs(_id(request.id), int(request.rank), request.follow, caller())
+        restart = int(request.restart) if request.HasField("restart") else None
+        if restart is not None and restart < 0:
+            raise InvalidArgument(f"restart must be >= 0, got {restart}", field="restart")
+        run_id, chunks = await self.core.logs(_id(request.id), int(request.rank), request.follow, caller(),
+                                              restart=restart)
         async for data in chunks:
             yield pb.LogChunk(run_id=run_id, rank=request.rank, data=data)
 

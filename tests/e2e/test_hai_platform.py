@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import pytest
 
 from fireflyer.api.scheduler.v1 import scheduler_pb2 as pb
-from fireflyer.core.errors import FailedPrecondition, PermissionDenied
+from fireflyer.core.errors import FailedPrecondition, NotFound, PermissionDenied
 from fireflyer.sched.client import SchedClient
 from fireflyer.testing.cluster import REPO_ROOT, LocalCluster, run_ff, started_cluster
 
@@ -100,9 +100,9 @@ def _sched(cluster: LocalCluster, token: str, fn: Callable[[SchedClient], Any]) 
     return asyncio.run(go())
 
 
-def _log(cluster: LocalCluster, token: str, task: int, rank: int) -> str:
+def _log(cluster: LocalCluster, token: str, task: int, rank: int, restart: int | None = None) -> str:
     async def go(c: SchedClient) -> str:
-        return b"".join([d async for d in c.logs(task, rank)]).decode(errors="replace")
+        return b"".join([d async for d in c.logs(task, rank, restart=restart)]).decode(errors="replace")
     return str(_sched(cluster, token, go))
 
 
@@ -154,11 +154,13 @@ def test_low_task_is_preempted_saves_and_resumes_where_it_stopped(cluster: Local
     # the LOW run was interrupted: it acknowledged, saved and called go_suspend (not killed by the grace)
     runs = _chain(cluster, user, low).runs
     assert runs[0].suspend_code == 3 and "INTERRUPT" in runs[0].stop_reasons, runs[0]
-    saved = re.findall(r"rank 0 saved step (\d+) in ([\d.]+) s", _log(cluster, user, runs[0].id, 0))
-    assert saved, _log(cluster, user, runs[0].id, 0)
+    # (the chain id names the newest run once the resumed one starts: restart=0 picks the first)
+    first_log = _log(cluster, user, low, 0, restart=0)
+    saved = re.findall(r"rank 0 saved step (\d+) in ([\d.]+) s", first_log)
+    assert saved, first_log
     saved_step, save_s = int(saved[0][0]), float(saved[0][1])
     # both ranks agreed on the step (HFReduce max of the flag)
-    assert f"rank 1 saved step {saved_step} " in _log(cluster, user, runs[0].id, 1)
+    assert f"rank 1 saved step {saved_step} " in _log(cluster, user, low, 1, restart=0)
     print(f"preemption: HIGH submit -> its ranks running {latency:.2f} s; the LOW task's save took {save_s:.2f} s")
 
     done = _poll(lambda: (r := _chain(cluster, user, high).runs[-1]).slurm_state == "COMPLETED" and r,
@@ -440,8 +442,12 @@ def test_the_leader_killed_mid_preemption_loses_nothing(cluster: LocalCluster) -
         return rs if len(rs) == 2 and rs[-1].slurm_state == "COMPLETED" else None
     first, second = _poll(low_resumed_and_done, "the LOW task resumes and completes", 240, 1.0)
     assert "INTERRUPT" in first.stop_reasons and second.restart_count == 1, (first, second)
-    saved = re.findall(r"rank 0 saved step (\d+)", _log(cluster, user, first.id, 0))
-    assert saved, _log(cluster, user, first.id, 0)
+    first_log = _log(cluster, user, low, 0, restart=0)
+    saved = re.findall(r"rank 0 saved step (\d+)", first_log)
+    assert saved, first_log
+    assert _log(cluster, user, low, 0) == _log(cluster, user, second.id, 0), "the chain id names its newest run"
+    with pytest.raises(NotFound, match="no run with restart 5"):
+        _log(cluster, user, low, 0, restart=5)
     log = _log(cluster, user, second.id, 0)
     assert f"rank 0 start at step {saved[0]} restart 1" in log and "rank 0 done at step 40" in log, log
 

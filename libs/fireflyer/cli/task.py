@@ -4,7 +4,8 @@
                    [--grace ACK[,FINAL]] [--signal SIG] [-f spec.yaml] -- CMD ARGS
     ff task ls [--all] [--user U] [--json]          your chains (an admin: everyone's)
     ff task status ID [--json]                      the chain (one row per run) and the newest run's ranks
-    ff task logs ID [-f] [--rank R]                 a rank's output: a chain id, its newest run (-f: follow)
+    ff task logs ID [-f] [--rank R] [--restart N]   a rank's output: a chain id, its newest run (-f: follow;
+                                                    --restart N: the run after N restarts, 0 the first)
     ff task stop|suspend|resume ID                  stop for good; interrupt and hold; release a held chain
     ff task priority ID PRIORITY                    change a chain's priority
     ff task run [--simulate-suspend-after S] [--whole-life-state N] -- CMD
@@ -173,7 +174,7 @@ async def _run(ns: argparse.Namespace) -> int:
                 for t in status_tables(chain):
                     out.print(t)
         elif cmd == "logs":
-            async for data in c.logs(ns.id, ns.rank, follow=ns.follow):
+            async for data in c.logs(ns.id, ns.rank, follow=ns.follow, restart=ns.restart):
                 sys.stdout.buffer.write(data)
                 sys.stdout.buffer.flush()
         elif cmd in ("stop", "suspend", "resume"):
@@ -328,6 +329,8 @@ def register(subparsers: Any) -> None:
     _task_id(lg)
     lg.add_argument("-f", "--follow", action="store_true")
     lg.add_argument("--rank", type=int, default=0)
+    lg.add_argument("--restart", type=int, default=None, metavar="N",
+                    help="the run after N restarts (0: the first run); default the newest")
     for verb, text in (("stop", "stop for good (not requeued)"), ("suspend", "interrupt and hold until resume"),
                        ("resume", "release a held task")):
         _task_id(sub.add_parser(verb, help=text))

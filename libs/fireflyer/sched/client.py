@@ -136,9 +136,12 @@ class SchedClient:
         return (await self._call("task", "UpdatePriority", req)).chain
 
     async def logs(self, task_id: int, rank: int = 0, *, follow: bool = False,
-                   timeout_s: float | None = None) -> AsyncIterator[bytes]:
-        """The rank's output (with ``follow``, until the rank ends or ``timeout_s`` passes)."""
+                   timeout_s: float | None = None, restart: int | None = None) -> AsyncIterator[bytes]:
+        """The rank's output (with ``follow``, until the rank ends or ``timeout_s`` passes); for a
+        chain id its newest run's, or with ``restart`` the run with that restart count (0: the first)."""
         req = pb.LogsRequest(id=task_id, rank=rank, follow=follow)
+        if restart is not None:
+            req.restart = restart
         last: FireFlyerError | None = None
         for address in list(self.addresses):
             stub = self._stub(address, "task")

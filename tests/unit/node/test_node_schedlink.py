@@ -146,3 +146,42 @@ def test_registration_names_the_agent_address(tmp_path: Path) -> None:
     assert asyncio.run(link.register_once()) == 0.5
     req = c.reports[0]
     assert (req.name, req.zone, req.address, req.cpus) == ("node1", "A", "127.0.0.1:5000", 4)
+
+
+def test_a_scheduler_still_starting_is_info_then_a_warning(tmp_path: Path) -> None:
+    """Agents and scheduler start together: an unreachable scheduler before the first registration
+    is an info line inside the startup grace, a warning after it, and always after a registration."""
+    lines: list[tuple[str, str]] = []
+
+    class Rec:
+        def __getattr__(self, level: str) -> Any:
+            return lambda event, **k: lines.append((level, event))
+
+    class Flaky(Client):
+        down = True
+
+        async def register_node(self, req: Any) -> Any:
+            if self.down:
+                raise Unavailable("no scheduler replica answered")
+            return await super().register_node(req)
+
+    m, c = Manager(tmp_path), Flaky()
+    link = SchedLink(m, c, agent_address=lambda: "x:1", log=Rec(), interval_s=0.01,  # type: ignore[arg-type]
+                     startup_grace_s=0.2)
+
+    async def run_for(s: float) -> None:
+        task = asyncio.ensure_future(link.register_loop())
+        await asyncio.sleep(s)
+        task.cancel()
+
+    asyncio.run(run_for(0.1))
+    assert lines == [("info", "node.register_waiting")], "said once, as info, while starting"
+    asyncio.run(run_for(0.2))
+    assert lines[1:] == [("warning", "node.register_failed")], "a warning once the grace is over"
+    lines.clear()
+    link._started = time.monotonic()  # a fresh start that registers, then loses the scheduler
+    c.down = False
+    asyncio.run(run_for(0.05))
+    c.down = True
+    asyncio.run(run_for(0.05))
+    assert ("info", "node.registered") in lines and lines[-1] == ("warning", "node.register_failed")

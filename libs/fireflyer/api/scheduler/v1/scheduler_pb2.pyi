@@ -161,14 +161,16 @@ class UpdatePriorityRequest(_message.Message):
     def __init__(self, id: _Optional[int] = ..., priority: _Optional[str] = ...) -> None: ...
 
 class LogsRequest(_message.Message):
-    __slots__ = ("id", "rank", "follow")
+    __slots__ = ("id", "rank", "follow", "restart")
     ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    RESTART_FIELD_NUMBER: _ClassVar[int]
     id: int
     rank: int
     follow: bool
-    def __init__(self, id: _Optional[int] = ..., rank: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+    restart: int
+    def __init__(self, id: _Optional[int] = ..., rank: _Optional[int] = ..., follow: _Optional[bool] = ..., restart: _Optional[int] = ...) -> None: ...
 
 class LogChunk(_message.Message):
     __slots__ = ("run_id", "rank", "data")
