@@ -34,6 +34,23 @@ import contextlib
 import hashlib
 import os
 import sys
+import time
+
+
+def _injected_delay(path: str | None) -> float:
+    """The extra seconds per step ``--slow-file`` asks of this node (0 when it names another)."""
+    if not path:
+        return 0.0
+    try:
+        lines = open(path).read().split()
+    except OSError:
+        return 0.0
+    if not lines or lines[0] != os.environ.get("FF_NODE_NAME", ""):
+        return 0.0
+    try:
+        return float(lines[1]) if len(lines) > 1 else 1.0
+    except ValueError:
+        return 1.0
 
 
 def main() -> int:
@@ -43,6 +60,10 @@ def main() -> int:
     ap.add_argument("--accumulate", type=int, default=1, help="micro-batches per step (default 1)")
     ap.add_argument("--root", default=None, help="keep checkpoints in this directory instead of the cluster")
     ap.add_argument("--job", default=None, help="checkpoint job name (default FF_JOB_ID, else train-ddp)")
+    ap.add_argument("--step-s", type=float, default=0.0, help="sleep this long per step (a bigger model's compute)")
+    ap.add_argument("--slow-file", default=None,
+                    help="fault injection: while this file exists and names this node (FF_NODE_NAME) on its first "
+                         "line, each step here takes the seconds on its second line (default 1.0) longer")
     args = ap.parse_args()
 
     import torch
@@ -86,6 +107,9 @@ def main() -> int:
                     loss = torch.nn.functional.mse_loss(model(x), y)
                     (loss / args.accumulate).backward()
             opt.step()
+            if args.step_s > 0:
+                time.sleep(args.step_s)
+            time.sleep(_injected_delay(args.slow_file))
             # a collective (every rank, every step): if any rank saw the flag, all stop at this step
             suspend = hai.suspend_requested(model.comm)
             if step % args.save_every == 0 or step == args.steps or suspend:
