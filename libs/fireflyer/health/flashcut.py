@@ -5,10 +5,10 @@ a link that drops and comes back -- as about 30 % of hardware faults besides NVL
 flap costs a job an op or a reconnect; a link that flaps again and again costs every job placed
 on it, so the policy drains a node once it has flapped ``drain_after`` times within ``window_s``.
 
-- :func:`read_links` reads ``<sysfs_root>/class/net/<if>/{operstate,carrier,carrier_changes}``
+- :func:`read_links` reads ``<sysfs_root>/class/net/<if>/{operstate,carrier,carrier_changes,speed}``
   (the root is a parameter, so tests use a fixture tree); :func:`diff_links` turns two samples
-  into :class:`LinkEvent` s (``down``, ``up``, and ``flap`` for carrier changes that happened
-  between samples without a visible state change);
+  into :class:`LinkEvent` s (``down``, ``up``, ``flap`` for carrier changes that happened
+  between samples without a visible state change, ``speed`` when an up link renegotiated);
 - :func:`heartbeat_gaps` turns a node's heartbeat times into ``heartbeat_gap`` events;
 - :class:`FlashCutPolicy` is the pure policy over timestamped events;
 - :func:`replay` runs dated link-failure counts (Table VIII's shape) through it.
@@ -52,13 +52,15 @@ class LinkState(msgspec.Struct, frozen=True, kw_only=True):
     #: 1 carrier up, 0 down, None when the kernel refuses to say (interface administratively down)
     carrier: int | None = None
     carrier_changes: int | None = None
+    #: negotiated speed in Mb/s; None when unknown (sysfs says -1 or refuses while the link is down)
+    speed: int | None = None
 
 
 class LinkEvent(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     iface: str
     t: float
-    #: down | up | flap | heartbeat_gap
+    #: down | up | flap | speed | heartbeat_gap (only down, flap and heartbeat_gap count towards a drain)
     kind: str
     #: flaps this event stands for (carrier_changes counts both edges of a flap)
     count: int = 1
@@ -103,6 +105,11 @@ def _int(text: str | None) -> int | None:
         return None
 
 
+def _speed(text: str | None) -> int | None:
+    v = _int(text)
+    return v if v is not None and v > 0 else None  # -1 (SPEED_UNKNOWN) while the link has no carrier
+
+
 def read_links(sysfs_root: str | Path = "/sys", *, skip: Iterable[str] = ("lo",)) -> dict[str, LinkState]:
     """Every interface under ``<sysfs_root>/class/net`` but ``skip``: its operstate and carrier counters."""
     base = Path(sysfs_root) / "class" / "net"
@@ -114,7 +121,8 @@ def read_links(sysfs_root: str | Path = "/sys", *, skip: Iterable[str] = ("lo",)
         if d.name in skipped:
             continue
         out[d.name] = LinkState(iface=d.name, operstate=_read(d / "operstate") or "unknown",
-                                carrier=_int(_read(d / "carrier")), carrier_changes=_int(_read(d / "carrier_changes")))
+                                carrier=_int(_read(d / "carrier")), carrier_changes=_int(_read(d / "carrier_changes")),
+                                speed=_speed(_read(d / "speed")))
     return out
 
 
@@ -139,6 +147,10 @@ def diff_links(node: str, before: dict[str, LinkState], after: dict[str, LinkSta
             out.append(LinkEvent(node=node, iface=iface, t=t, kind="up",
                                  detail=f"operstate {was.operstate}->{now.operstate}"))
             seen = 1
+        elif _is_up(was) and _is_up(now) and was.speed is not None and now.speed is not None \
+                and was.speed != now.speed:  # a link that retrained to a lower rate still costs every job on it
+            out.append(LinkEvent(node=node, iface=iface, t=t, kind="speed",
+                                 detail=f"speed {was.speed}->{now.speed} Mb/s"))
         if was.carrier_changes is not None and now.carrier_changes is not None:
             hidden = now.carrier_changes - was.carrier_changes - seen
             if hidden >= 2:
