@@ -95,7 +95,8 @@ class XidWatch:
         while q and q[0][0] <= t - self.config.repeat_window_s:
             q.popleft()
         if info.blame == "job":
-            prior = sum(1 for _, pid in q if pid is None or ev.pid is None or pid != ev.pid)
+            # processes other than this one that had it (an unknown pid is one unknown process)
+            prior = len({pid for _, pid in q if pid is None or ev.pid is None or pid != ev.pid})
         else:
             prior = len(q)
         q.append((t, ev.pid))
