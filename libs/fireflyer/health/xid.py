@@ -6,7 +6,9 @@
 
 The parser reads the shapes real nodes produce: plain ``dmesg`` (``[12345.678901] NVRM: Xid ...``),
 ``dmesg -T`` (``[Tue Mar  5 10:11:12 2024] ...``), journal/syslog (``Mar 05 10:11:12 host kernel: ...``,
-ISO stamps too, with or without the kernel's own ``[uptime]``), ``dmesg -x`` facility prefixes; the
+ISO stamps too, with or without the kernel's own ``[uptime]``; ``journalctl -o short-monotonic``'s
+``[uptime] host kernel: ...``), ``dmesg -x`` facility prefixes, ``dmesg -r``'s ``<4>`` priorities and
+``/dev/kmsg`` records (``4,1234,171620236,-;NVRM: ...``); the
 device as ``PCI:0000:3b:00``, old ``0000:3b:00`` or MIG ``PCI:0000:01:00 GPU-I:05``.  Lines that are not
 events are handled so they do not become events:
 
@@ -130,7 +132,7 @@ class XidEvent(msgspec.Struct, frozen=True):
     """One Xid the kernel reported."""
 
     xid: int
-    #: PCI bus id as printed, lower case, without the ``PCI:`` prefix (``0000:3b:00``)
+    #: PCI bus id as printed, lower case, without the ``PCI:`` prefix and the function (``0000:3b:00``)
     pci: str
     message: str
     #: the line's time stamp as printed (``12345.678901``, ``Tue Mar  5 10:11:12 2024``, ``Mar 05 10:11:12``)
@@ -184,6 +186,11 @@ _DMESG_T = re.compile(rf"^\[(?P<ts>{_DAY} {_MONTH} [ \d]\d \d\d:\d\d:\d\d \d{{4}
 _SYSLOG = re.compile(rf"^(?P<ts>{_MONTH} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?) (?P<host>\S+) (?P<tag>[^:\s]+):\s?(?P<rest>.*)$")
 _ISO = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) (?P<host>\S+) "
                   r"(?P<tag>[^:\s]+):\s?(?P<rest>.*)$")
+# ``journalctl -o short-monotonic``: ``[  171.620236] host kernel: ...`` (the host after the kernel's stamp)
+_MONO_HOST = re.compile(r"^(?P<host>[^\s:\[\]]+) kernel: ?(?P<rest>.*)$")
+# ``dmesg -r`` / console: a ``<4>`` priority before the stamp; ``/dev/kmsg`` records: ``4,1234,171620236,-;text``
+_PRIO = re.compile(r"^<\d{1,3}>")
+_KMSG = re.compile(r"^\d{1,3},\d+,(?P<usec>\d+),[^;]*;(?P<rest>.*)$")
 _FACILITY = re.compile(r"^(?:kern|user|daemon|syslog)\s*:\s*(?:emerg|alert|crit|err|warn|notice|info|debug)\s*:\s?"
                        r"(?P<rest>.*)$")
 
@@ -208,9 +215,14 @@ def _strip_prefix(line: str) -> tuple[str, str, float | None, str, bool]:
         ts, host, line = m["ts"], m["host"], m["rest"]
         kernel = m["tag"] == "kernel"
     else:
+        k = _KMSG.match(line)
+        if k:
+            usec = int(k["usec"])
+            return k["rest"], f"{usec // 1_000_000}.{usec % 1_000_000:06d}", usec / 1e6, "", True
         f = _FACILITY.match(line)
         if f:
             line = f["rest"]
+        line = _PRIO.sub("", line, count=1)
         m = _DMESG_T.match(line)
         if m:
             ts, line = m["ts"], m["rest"]
@@ -218,6 +230,10 @@ def _strip_prefix(line: str) -> tuple[str, str, float | None, str, bool]:
     if d:
         up, line = float(d["up"]), d["rest"]
         ts = ts or d["up"]
+        if not host:
+            h = _MONO_HOST.match(line)
+            if h:
+                host, line = h["host"], h["rest"]
     return line, ts, up, host, kernel
 
 
@@ -239,7 +255,8 @@ def _event(body: str, m: re.Match[str], ts: str, up: float | None, host: str, li
     if nm:
         name = "" if nm["name"] == "<unknown>" else nm["name"]
         tail = tail[nm.end():]
-    return XidEvent(xid=int(m["xid"]), pci=p["pci"].lower(), message=tail.strip(), timestamp=ts, uptime_s=up,
+    # without the function (``.0``): a GPU is function 0, and the context lines name it without one
+    return XidEvent(xid=int(m["xid"]), pci=p["pci"].lower().split(".")[0], message=tail.strip(), timestamp=ts, uptime_s=up,
                     host=host, gpu_instance=int(gi["gi"]) if gi else None, pid=pid, process=name, line=lineno,
                     raw=raw)
 
