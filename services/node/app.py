@@ -13,7 +13,10 @@ runtime puts it (``FF_RPC_HOST``); the address label is where its node's data pl
 
 Every ``heartbeat_interval_s`` it publishes :class:`~fireflyer.node.events.NodeHeartbeat`
 on ``ff.node.v1.node.<name>.heartbeat``; with ``FF_SCHED_ADDR`` it also registers with the
-scheduler and reports the runs it hosts (:mod:`services.node.schedlink`).  Tasks:
+scheduler and reports the runs it hosts (:mod:`services.node.schedlink`).  When configured it
+follows the kernel log for Xids (:mod:`services.node.kernlog`, ``FF_NODE_KMSG_*``) and watches
+its network links (:mod:`services.node.linkmon`, ``FF_NODE_LINKMON`` / ``FF_NODE_SYSFS_ROOT``),
+publishing :mod:`fireflyer.health.events`.  Tasks:
 :mod:`services.node.tasks`.  Ranks run as
 the agent's own OS user; the task's ``user`` decides who may read its logs and status.
 """
