@@ -13,7 +13,10 @@ runtime puts it (``FF_RPC_HOST``); the address label is where its node's data pl
 
 Every ``heartbeat_interval_s`` it publishes :class:`~fireflyer.node.events.NodeHeartbeat`
 on ``ff.node.v1.node.<name>.heartbeat``; with ``FF_SCHED_ADDR`` it also registers with the
-scheduler and reports the runs it hosts (:mod:`services.node.schedlink`).  Tasks:
+scheduler and reports the runs it hosts (:mod:`services.node.schedlink`).  When configured it
+follows the kernel log for Xids (:mod:`services.node.kernlog`, ``FF_NODE_KMSG_*``) and watches
+its network links (:mod:`services.node.linkmon`, ``FF_NODE_LINKMON`` / ``FF_NODE_SYSFS_ROOT``),
+publishing :mod:`fireflyer.health.events`.  Tasks:
 :mod:`services.node.tasks`.  Ranks run as
 the agent's own OS user; the task's ``user`` decides who may read its logs and status.
 """
@@ -40,6 +43,8 @@ from fireflyer.hfreduce.launch_plan import node_address
 from fireflyer.node.events import NodeHeartbeat, TaskExited, heartbeat_subject, task_exit_subject
 from fireflyer.node.policy import RestartPolicy
 
+from .kernlog import KernLogSettings, KernLogWatcher
+from .linkmon import LinkMonitor, LinkMonSettings
 from .schedlink import SchedLink
 from .servicer import SERVICE_NAME, NodeAgentServicer
 from .tasks import NodeFacts, TaskManager
@@ -120,6 +125,7 @@ class NodeAgentService(Service):
         self._runner: asyncio.Task[None] | None = None
         self._sched: Any = None
         self.link: SchedLink | None = None
+        self.linkmon: LinkMonitor | None = None
 
     async def start(self, ctx: ServiceContext) -> None:
         settings: AgentSettings = self.settings  # type: ignore[assignment]
@@ -137,6 +143,7 @@ class NodeAgentService(Service):
         self._runner = ctx.spawn(self.manager.run(a.poll_interval_s), name="node-tasks")
         if ctx.bus is not None:
             ctx.spawn(self._heartbeat_loop(a.heartbeat_interval_s), name="node-heartbeat")
+            self._start_health_watchers(ctx, facts.name)
         sched_addr = os.environ.get("FF_SCHED_ADDR", "")
         if sched_addr and a.register:
             from fireflyer.sched.client import SchedClient
@@ -149,6 +156,17 @@ class NodeAgentService(Service):
             ctx.spawn(self._after_bind(ctx, self.link.report_loop), name="node-report")
         ctx.log.info("node.starting", node=facts.name, group=facts.group, zone=facts.zone, cpus=facts.cpus,
                      gpus=facts.gpus, address=facts.address, **counts)
+
+    def _start_health_watchers(self, ctx: ServiceContext, node: str) -> None:
+        """Kernel-log Xids and link flaps (FF_NODE_KMSG_*, FF_NODE_LINKMON / FF_NODE_SYSFS_ROOT; off unless set)."""
+        env, publish = dict(os.environ), ctx.require_bus().publish
+        kmsg = KernLogSettings.from_env(env)
+        if kmsg is not None:
+            ctx.spawn(KernLogWatcher(node, kmsg, publish, log=ctx.log).run(), name="node-kmsg")
+        links = LinkMonSettings.from_env(env)
+        if links is not None:
+            self.linkmon = LinkMonitor(node, links, publish, log=ctx.log)
+            ctx.spawn(self.linkmon.run(), name="node-linkmon")
 
     @staticmethod
     async def _after_bind(ctx: ServiceContext, loop: Any) -> None:
@@ -170,6 +188,8 @@ class NodeAgentService(Service):
                     node=f.name, group=f.group, zone=f.zone, cpus=f.cpus, gpus=f.gpus, address=f.address,
                     agent_address=self._ctx.server.address, running_tasks=self.manager.running(),
                     started_at=self.started_at))
+                if self.linkmon is not None:
+                    self.linkmon.heartbeat_sent(time.time(), interval_s)
             except Exception as e:  # noqa: BLE001 -- NATS away: the next beat tries again
                 self._ctx.log.warning("node.heartbeat_failed", error=repr(e))
             await asyncio.sleep(interval_s)

@@ -1,16 +1,24 @@
 """``ff health``: node health tools.
 
     ff health xid FILE [--json] [--by category|group|xid]    Xid counts and shares in a kernel log
+    ff health flashcut-replay FILE [--window-s S] [--drain-after N] [--json]
+                                                             the drains the flash-cut policy would make
 
 FILE is a kernel log in any shape the parser reads (``dmesg``, ``dmesg -T``, ``journalctl -k``,
 ``/var/log/kern.log``); ``-`` reads standard input.  ``--json`` prints one JSON object: the counts per
 category, per group (the Fire-Flyer paper's Table V) and per Xid, and the parser's statistics.
+
+For ``flashcut-replay`` FILE is a CSV of link failures: ``node,time[,interface[,count]]`` rows, or
+the paper's Table VIII shape ``date,count`` (no nodes: each date on one node, an upper bound, under
+both placements of ``fireflyer.health.flashcut.replay``).  Table VIII's rows are not in this
+repository: transcribe them from the paper (arXiv 2408.14158) into such a file.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import msgspec
 
@@ -57,8 +65,33 @@ def _xid(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _flashcut_replay(ns: argparse.Namespace) -> int:
+    from fireflyer.health.flashcut import FlashCutConfig, read_failures_csv, replay_failures
+
+    try:
+        text = sys.stdin.read() if ns.file == "-" else Path(ns.file).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise NotFound(f"ff health flashcut-replay: no file {ns.file!r}; give a CSV of link failures "
+                       f"(node,time[,interface[,count]] or date,count)", path=ns.file) from None
+    cfg = FlashCutConfig(window_s=ns.window_s, drain_after=ns.drain_after)
+    out = replay_failures(read_failures_csv(text), cfg)
+    if ns.json:
+        print(msgspec.json.encode(out).decode())
+        return 0
+    policy = f"(drain at {cfg.drain_after} within {cfg.window_s:g}s)"
+    if out["shape"] == "date,count":
+        b, s = out["burst"], out["spread"]
+        print(f"{b['failures']} link failures on {b['rows']} dates {policy}: {b['drains']} drains if each date's "
+              f"failures came a minute apart, {s['drains']} if spread over the day (no nodes named: upper bounds)")
+        return 0
+    print(f"{out['failures']} link failures on {out['nodes']} nodes {policy}: {out['drains']} drains")
+    for d in out["drained"]:
+        print(f"  drain {d['node']} at {d['time']}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    health = sub.add_parser("health", help="node health tools (Xid logs)", description=__doc__,
+    health = sub.add_parser("health", help="node health tools (Xid logs, flash-cut replay)", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     hsub = health.add_subparsers(dest="health_command", metavar="WHAT", required=True)
     xid = hsub.add_parser("xid", help="Xid counts and shares per category in a kernel log")
@@ -67,3 +100,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     xid.add_argument("--by", choices=("category", "group", "xid"), default="category",
                      help="group the table by category (default), the paper's group, or Xid")
     xid.set_defaults(func=_xid)
+    fc = hsub.add_parser("flashcut-replay", help="replay link failures (CSV) through the flash-cut drain policy")
+    fc.add_argument("file", help="CSV: node,time[,interface[,count]] or date,count rows; - for standard input")
+    fc.add_argument("--window-s", type=float, default=3600.0, help="the policy's window (default 3600)")
+    fc.add_argument("--drain-after", type=int, default=3, help="failures within the window that drain (default 3)")
+    fc.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    fc.set_defaults(func=_flashcut_replay)

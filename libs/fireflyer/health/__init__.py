@@ -7,7 +7,9 @@
   :class:`~.checks.result.CheckResult` with evidence and each with a fault-injection switch, and
   ``run_level`` running them at DCGM-like levels against a per-node baseline;
 - :mod:`.c4` — C4-style detection of hung and slow nodes and links from collective telemetry
-  (:mod:`.synth` makes synthetic traces for it); :mod:`.flashcut` — network link flaps.
+  (:mod:`.synth` makes synthetic traces for it); :mod:`.flashcut` — network link flaps;
+- :mod:`.events` — what node agents publish (XidEvent, LinkEvent, NodeAdvice and their subjects);
+  :mod:`.xidwatch` — the node-side Xid policy (floods, repeats, advice).
 
 See docs/health.md and docs/health-c4.md.  Submodules are imported on use, so ``import fireflyer.health`` stays light.
 """

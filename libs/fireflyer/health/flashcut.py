@@ -5,13 +5,15 @@ a link that drops and comes back -- as about 30 % of hardware faults besides NVL
 flap costs a job an op or a reconnect; a link that flaps again and again costs every job placed
 on it, so the policy drains a node once it has flapped ``drain_after`` times within ``window_s``.
 
-- :func:`read_links` reads ``<sysfs_root>/class/net/<if>/{operstate,carrier,carrier_changes}``
+- :func:`read_links` reads ``<sysfs_root>/class/net/<if>/{operstate,carrier,carrier_changes,speed}``
   (the root is a parameter, so tests use a fixture tree); :func:`diff_links` turns two samples
-  into :class:`LinkEvent` s (``down``, ``up``, and ``flap`` for carrier changes that happened
-  between samples without a visible state change);
+  into :class:`LinkEvent` s (``down``, ``up``, ``flap`` for carrier changes that happened
+  between samples without a visible state change, ``speed`` when an up link renegotiated);
 - :func:`heartbeat_gaps` turns a node's heartbeat times into ``heartbeat_gap`` events;
 - :class:`FlashCutPolicy` is the pure policy over timestamped events;
-- :func:`replay` runs dated link-failure counts (Table VIII's shape) through it.
+- :func:`replay` runs dated link-failure counts (Table VIII's shape) through it;
+  :func:`read_failures_csv` and :func:`replay_failures` do the same for a CSV of failures (per node,
+  with times, or Table VIII's date,count rows) -- ``ff health flashcut-replay FILE``.
 
 Table VIII's counts are not in the research notes this was built from (``health-planner.md``
 records only that the table lists link-failure counts by date from 2023-04 to 2024-02), so
@@ -33,6 +35,7 @@ from fireflyer.core.errors import InvalidArgument
 
 __all__ = ["LinkState", "LinkEvent", "FlashCutConfig", "FlashCutIncident", "FlashCutPolicy", "LinkWatcher",
            "read_links", "diff_links", "heartbeat_gaps", "replay", "replay_table_viii", "TABLE_VIII",
+           "FailureLog", "read_failures_csv", "replay_failures",
            "DRAIN", "OBSERVE"]
 
 DRAIN = "drain_node"
@@ -52,13 +55,15 @@ class LinkState(msgspec.Struct, frozen=True, kw_only=True):
     #: 1 carrier up, 0 down, None when the kernel refuses to say (interface administratively down)
     carrier: int | None = None
     carrier_changes: int | None = None
+    #: negotiated speed in Mb/s; None when unknown (sysfs says -1 or refuses while the link is down)
+    speed: int | None = None
 
 
 class LinkEvent(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     iface: str
     t: float
-    #: down | up | flap | heartbeat_gap
+    #: down | up | flap | speed | heartbeat_gap (only down, flap and heartbeat_gap count towards a drain)
     kind: str
     #: flaps this event stands for (carrier_changes counts both edges of a flap)
     count: int = 1
@@ -103,6 +108,11 @@ def _int(text: str | None) -> int | None:
         return None
 
 
+def _speed(text: str | None) -> int | None:
+    v = _int(text)
+    return v if v is not None and v > 0 else None  # -1 (SPEED_UNKNOWN) while the link has no carrier
+
+
 def read_links(sysfs_root: str | Path = "/sys", *, skip: Iterable[str] = ("lo",)) -> dict[str, LinkState]:
     """Every interface under ``<sysfs_root>/class/net`` but ``skip``: its operstate and carrier counters."""
     base = Path(sysfs_root) / "class" / "net"
@@ -114,7 +124,8 @@ def read_links(sysfs_root: str | Path = "/sys", *, skip: Iterable[str] = ("lo",)
         if d.name in skipped:
             continue
         out[d.name] = LinkState(iface=d.name, operstate=_read(d / "operstate") or "unknown",
-                                carrier=_int(_read(d / "carrier")), carrier_changes=_int(_read(d / "carrier_changes")))
+                                carrier=_int(_read(d / "carrier")), carrier_changes=_int(_read(d / "carrier_changes")),
+                                speed=_speed(_read(d / "speed")))
     return out
 
 
@@ -139,6 +150,10 @@ def diff_links(node: str, before: dict[str, LinkState], after: dict[str, LinkSta
             out.append(LinkEvent(node=node, iface=iface, t=t, kind="up",
                                  detail=f"operstate {was.operstate}->{now.operstate}"))
             seen = 1
+        elif _is_up(was) and _is_up(now) and was.speed is not None and now.speed is not None \
+                and was.speed != now.speed:  # a link that retrained to a lower rate still costs every job on it
+            out.append(LinkEvent(node=node, iface=iface, t=t, kind="speed",
+                                 detail=f"speed {was.speed}->{now.speed} Mb/s"))
         if was.carrier_changes is not None and now.carrier_changes is not None:
             hidden = now.carrier_changes - was.carrier_changes - seen
             if hidden >= 2:
@@ -247,3 +262,95 @@ def replay_table_viii(config: FlashCutConfig | None = None) -> dict[str, Any]:
         return {"available": False, "note": TABLE_VIII_NOTE}
     return {"available": True, "burst": replay(TABLE_VIII, config, placement="burst"),
             "spread": replay(TABLE_VIII, config, placement="spread")}
+
+
+class FailureLog(msgspec.Struct, kw_only=True):
+    """A CSV of link failures read by :func:`read_failures_csv`: events (one per failure, per node) or
+    Table VIII's dated counts (no nodes)."""
+
+    events: list[LinkEvent] = []
+    dated_counts: list[tuple[str, int]] = []
+
+
+_TIME_FORMATS = ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S")
+
+
+def _when(text: str, where: str) -> float:
+    text = text.strip()
+    try:
+        return float(text)  # seconds since the epoch
+    except ValueError:
+        pass
+    try:
+        parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        parsed = None
+        for fmt in _TIME_FORMATS:
+            try:
+                parsed = dt.datetime.strptime(text, fmt)
+                break
+            except ValueError:
+                continue
+    if parsed is None:
+        raise InvalidArgument(f"{where}: {text!r} is not a time (YYYY-MM-DD[ HH:MM[:SS]], ISO 8601 or epoch seconds)")
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)  # the logs this comes from are in UTC unless they say otherwise
+    return parsed.timestamp()
+
+
+def read_failures_csv(text: str) -> FailureLog:
+    """Link failures from CSV text, one of two shapes (``#`` comments and a header line are skipped):
+
+    - ``node,time[,interface[,count]]``: each row a failure (``count`` of them) of ``node`` at ``time``;
+    - ``date,count``: Table VIII's shape, failures per day with no node named.
+
+    The shape is told by the first data row: an integer second column makes it ``date,count``.
+    """
+    rows: list[tuple[int, list[str]]] = []
+    for i, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        cells = [c.strip() for c in line.split(",")]
+        if not rows and cells[0].lower() in ("node", "date", "host", "time"):
+            continue  # the header
+        rows.append((i, cells))
+    if not rows:
+        return FailureLog()
+    first = rows[0][1]
+    if len(first) == 2 and first[1].isdigit():
+        out: list[tuple[str, int]] = []
+        for i, cells in rows:
+            if len(cells) != 2 or not cells[1].isdigit():
+                raise InvalidArgument(f"line {i}: expected date,count like the rows before, got {','.join(cells)!r}")
+            _when(cells[0], f"line {i}")
+            out.append((cells[0], int(cells[1])))
+        return FailureLog(dated_counts=out)
+    events: list[LinkEvent] = []
+    for i, cells in rows:
+        if not 2 <= len(cells) <= 4 or not cells[0]:
+            raise InvalidArgument(f"line {i}: expected node,time[,interface[,count]], got {','.join(cells)!r}")
+        count = 1
+        if len(cells) == 4:
+            if not cells[3].isdigit() or int(cells[3]) < 1:
+                raise InvalidArgument(f"line {i}: count must be a positive integer, got {cells[3]!r}")
+            count = int(cells[3])
+        events.append(LinkEvent(node=cells[0], iface=cells[2] if len(cells) > 2 else "", t=_when(cells[1], f"line {i}"),
+                                kind="down", count=count))
+    return FailureLog(events=events)
+
+
+def replay_failures(log: FailureLog, config: FlashCutConfig | None = None) -> dict[str, Any]:
+    """The policy over a :class:`FailureLog`: the drains it would make, per node (events), or the
+    :func:`replay` of dated counts under both placements."""
+    if log.dated_counts:
+        return {"shape": "date,count", "burst": replay(log.dated_counts, config, placement="burst"),
+                "spread": replay(log.dated_counts, config, placement="spread")}
+    policy = FlashCutPolicy(config)
+    incidents = policy.run(log.events)
+    nodes = sorted({e.node for e in log.events})
+    return {"shape": "node,time", "nodes": len(nodes), "failures": sum(max(1, e.count) for e in log.events),
+            "incidents": len(incidents), "drains": len(policy.drains),
+            "drained": [{"node": n, "t": t, "time": dt.datetime.fromtimestamp(t, dt.UTC).isoformat()}
+                        for n, t in policy.drains],
+            "window_s": policy.config.window_s, "drain_after": policy.config.drain_after}

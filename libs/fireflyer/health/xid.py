@@ -6,7 +6,9 @@
 
 The parser reads the shapes real nodes produce: plain ``dmesg`` (``[12345.678901] NVRM: Xid ...``),
 ``dmesg -T`` (``[Tue Mar  5 10:11:12 2024] ...``), journal/syslog (``Mar 05 10:11:12 host kernel: ...``,
-ISO stamps too, with or without the kernel's own ``[uptime]``), ``dmesg -x`` facility prefixes; the
+ISO stamps too, with or without the kernel's own ``[uptime]``; ``journalctl -o short-monotonic``'s
+``[uptime] host kernel: ...``), ``dmesg -x`` facility prefixes, ``dmesg -r``'s ``<4>`` priorities and
+``/dev/kmsg`` records (``4,1234,171620236,-;NVRM: ...``); the
 device as ``PCI:0000:3b:00``, old ``0000:3b:00`` or MIG ``PCI:0000:01:00 GPU-I:05``.  Lines that are not
 events are handled so they do not become events:
 
@@ -40,6 +42,7 @@ __all__ = [
     "XidEvent",
     "ParseStats",
     "ParseResult",
+    "XidStream",
     "parse_lines",
     "parse_text",
     "CountRow",
@@ -129,7 +132,7 @@ class XidEvent(msgspec.Struct, frozen=True):
     """One Xid the kernel reported."""
 
     xid: int
-    #: PCI bus id as printed, lower case, without the ``PCI:`` prefix (``0000:3b:00``)
+    #: PCI bus id as printed, lower case, without the ``PCI:`` prefix and the function (``0000:3b:00``)
     pci: str
     message: str
     #: the line's time stamp as printed (``12345.678901``, ``Tue Mar  5 10:11:12 2024``, ``Mar 05 10:11:12``)
@@ -147,6 +150,8 @@ class XidEvent(msgspec.Struct, frozen=True):
     detail: tuple[str, ...] = ()
     #: 1-based line number in the input
     line: int = 0
+    #: the Xid line as read (prefixes included, line end removed)
+    raw: str = ""
 
     @property
     def info(self) -> XidInfo:
@@ -181,6 +186,11 @@ _DMESG_T = re.compile(rf"^\[(?P<ts>{_DAY} {_MONTH} [ \d]\d \d\d:\d\d:\d\d \d{{4}
 _SYSLOG = re.compile(rf"^(?P<ts>{_MONTH} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?) (?P<host>\S+) (?P<tag>[^:\s]+):\s?(?P<rest>.*)$")
 _ISO = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) (?P<host>\S+) "
                   r"(?P<tag>[^:\s]+):\s?(?P<rest>.*)$")
+# ``journalctl -o short-monotonic``: ``[  171.620236] host kernel: ...`` (the host after the kernel's stamp)
+_MONO_HOST = re.compile(r"^(?P<host>[^\s:\[\]]+) kernel: ?(?P<rest>.*)$")
+# ``dmesg -r`` / console: a ``<4>`` priority before the stamp; ``/dev/kmsg`` records: ``4,1234,171620236,-;text``
+_PRIO = re.compile(r"^<\d{1,3}>")
+_KMSG = re.compile(r"^\d{1,3},\d+,(?P<usec>\d+),[^;]*;(?P<rest>.*)$")
 _FACILITY = re.compile(r"^(?:kern|user|daemon|syslog)\s*:\s*(?:emerg|alert|crit|err|warn|notice|info|debug)\s*:\s?"
                        r"(?P<rest>.*)$")
 
@@ -205,9 +215,14 @@ def _strip_prefix(line: str) -> tuple[str, str, float | None, str, bool]:
         ts, host, line = m["ts"], m["host"], m["rest"]
         kernel = m["tag"] == "kernel"
     else:
+        k = _KMSG.match(line)
+        if k:
+            usec = int(k["usec"])
+            return k["rest"], f"{usec // 1_000_000}.{usec % 1_000_000:06d}", usec / 1e6, "", True
         f = _FACILITY.match(line)
         if f:
             line = f["rest"]
+        line = _PRIO.sub("", line, count=1)
         m = _DMESG_T.match(line)
         if m:
             ts, line = m["ts"], m["rest"]
@@ -215,10 +230,15 @@ def _strip_prefix(line: str) -> tuple[str, str, float | None, str, bool]:
     if d:
         up, line = float(d["up"]), d["rest"]
         ts = ts or d["up"]
+        if not host:
+            h = _MONO_HOST.match(line)
+            if h:
+                host, line = h["host"], h["rest"]
     return line, ts, up, host, kernel
 
 
-def _event(body: str, m: re.Match[str], ts: str, up: float | None, host: str, lineno: int) -> XidEvent | None:
+def _event(body: str, m: re.Match[str], ts: str, up: float | None, host: str, lineno: int,
+           raw: str = "") -> XidEvent | None:
     dev = m["dev"]
     p = _PCI.search(dev)
     if p is None:
@@ -235,76 +255,124 @@ def _event(body: str, m: re.Match[str], ts: str, up: float | None, host: str, li
     if nm:
         name = "" if nm["name"] == "<unknown>" else nm["name"]
         tail = tail[nm.end():]
-    return XidEvent(xid=int(m["xid"]), pci=p["pci"].lower(), message=tail.strip(), timestamp=ts, uptime_s=up,
-                    host=host, gpu_instance=int(gi["gi"]) if gi else None, pid=pid, process=name, line=lineno)
+    # without the function (``.0``): a GPU is function 0, and the context lines name it without one
+    return XidEvent(xid=int(m["xid"]), pci=p["pci"].lower().split(".")[0], message=tail.strip(), timestamp=ts, uptime_s=up,
+                    host=host, gpu_instance=int(gi["gi"]) if gi else None, pid=pid, process=name, line=lineno,
+                    raw=raw)
 
 
-def parse_lines(lines: Iterable[str]) -> ParseResult:
-    """Parse kernel-log lines (any of the shapes of the module docs; they may be mixed)."""
-    stats = ParseStats()
-    events: list[XidEvent] = []
-    detail: list[list[str]] = []
-    uuids: dict[str, str] = {}
-    seen: set[tuple[str, float, str]] = set()
-    open_event = False  # continuation lines attach to events[-1] while True
-    for lineno, raw in enumerate(lines, 1):
+class XidStream:
+    """The parser, one line at a time, for a log that is still being written (``dmesg -w``, a followed file).
+
+        stream = XidStream()
+        for line in tail:
+            for ev in stream.feed(line):      # events whose dump (if any) has ended
+                publish(ev)
+        stream.flush()                        # when the source goes quiet: the open event, dump so far
+
+    An Xid is held back until the line after it shows its dump has ended (a line that is not a
+    continuation) or :meth:`flush` is called, so its ``detail`` is complete.  The UUID comes from
+    ``NVRM: GPU at ...`` lines seen *before* it (:func:`parse_lines` also fills it from later ones).
+    :attr:`stats` counts everything seen so far; the ``suppressed`` counter is also kept per
+    stretch in :meth:`take_suppressed`, so a watcher can attach the kernel's dropped-message
+    count to what it publishes next.
+    """
+
+    #: how many (host, uptime, text) keys are kept to drop a record read twice
+    SEEN_MAX = 4096
+
+    def __init__(self) -> None:
+        self.stats = ParseStats()
+        self.uuids: dict[str, str] = {}
+        self._seen: dict[tuple[str, float, str], None] = {}  # insertion-ordered: the oldest is dropped first
+        self._open: XidEvent | None = None
+        self._detail: list[str] = []
+        self._lineno = 0
+        self._suppressed = 0
+
+    def take_suppressed(self) -> int:
+        """Messages the kernel's rate limiter reported dropped since the last call."""
+        n, self._suppressed = self._suppressed, 0
+        return n
+
+    def _close(self) -> list[XidEvent]:
+        ev, self._open = self._open, None
+        if ev is None:
+            return []
+        uuid = self.uuids.get(ev.pci, "")
+        if self._detail or uuid:
+            ev = msgspec.structs.replace(ev, detail=tuple(self._detail), uuid=uuid)
+        self._detail = []
+        self.stats.events += 1
+        return [ev]
+
+    def flush(self) -> list[XidEvent]:
+        """The event still waiting for its dump to end, if any."""
+        return self._close()
+
+    def feed(self, raw: str) -> list[XidEvent]:
+        """One line (any shape of the module docs); the events it completed (zero or one)."""
+        self._lineno += 1
         line = raw.rstrip("\r\n")
         if not line.strip():
-            continue
+            return []
+        stats = self.stats
         stats.lines += 1
         body, ts, up, host, kernel = _strip_prefix(line)
         if not kernel:  # another program's syslog line: never ours, and it ends a dump
-            open_event = False
-            continue
+            return self._close()
         if _SXID.search(body):
             stats.sxid += 1
-            open_event = False
-            continue
+            return self._close()
         s = _SUPPRESSED.search(body)
         if s:
             stats.rate_limit_lines += 1
             stats.suppressed += int(s["n"])
-            continue  # the limiter's note sits inside a flood; it neither starts nor ends a dump
+            self._suppressed += int(s["n"])
+            return []  # the limiter's note sits inside a flood; it neither starts nor ends a dump
         u = _UUID.search(body)
         if u:
-            uuids[u["pci"].lower().removeprefix("pci:")] = u["uuid"]
-            open_event = False
-            continue
+            out = self._close()
+            self.uuids[u["pci"].lower().removeprefix("pci:")] = u["uuid"]
+            return out
         m = _XID.search(body)
         if m:
+            out = self._close()
             if up is not None:
                 key = (host, up, body)
-                if key in seen:
+                if key in self._seen:
                     stats.duplicates += 1
-                    open_event = False
-                    continue
-                seen.add(key)
-            ev = _event(body, m, ts, up, host, lineno)
+                    return out
+                self._seen[key] = None
+                if len(self._seen) > self.SEEN_MAX:
+                    del self._seen[next(iter(self._seen))]
+            ev = _event(body, m, ts, up, host, self._lineno, line)
             if ev is None:
                 stats.malformed += 1
-                open_event = False
-                continue
-            events.append(ev)
-            detail.append([])
-            open_event = True
-            continue
+                return out
+            self._open = ev
+            return out
         if "Xid" in body and "NVRM" in body:
             stats.malformed += 1
-            open_event = False
-            continue
-        if open_event and _CONTINUATION.match(body):
-            detail[-1].append(body.strip())
+            return self._close()
+        if self._open is not None and _CONTINUATION.match(body):
+            self._detail.append(body.strip())
             stats.continuation += 1
-            continue
-        open_event = False
-    out = []
-    for ev, lines_of in zip(events, detail, strict=True):
-        uuid = uuids.get(ev.pci, "")
-        if lines_of or uuid:
-            ev = msgspec.structs.replace(ev, detail=tuple(lines_of), uuid=uuid)
-        out.append(ev)
-    stats.events = len(out)
-    return ParseResult(events=out, stats=stats, uuids=uuids)
+            return []
+        return self._close()
+
+
+def parse_lines(lines: Iterable[str]) -> ParseResult:
+    """Parse kernel-log lines (any of the shapes of the module docs; they may be mixed)."""
+    stream = XidStream()
+    events: list[XidEvent] = []
+    for raw in lines:
+        events += stream.feed(raw)
+    events += stream.flush()
+    # a context line may follow the events it names (the driver prints it again after a reset)
+    out = [msgspec.structs.replace(e, uuid=stream.uuids[e.pci]) if not e.uuid and e.pci in stream.uuids else e
+           for e in events]
+    return ParseResult(events=out, stats=stream.stats, uuids=stream.uuids)
 
 
 def parse_text(text: str) -> ParseResult:

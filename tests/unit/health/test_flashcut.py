@@ -137,3 +137,67 @@ def test_table_viii_replay_says_when_there_is_no_data(monkeypatch: pytest.Monkey
     monkeypatch.setattr(flashcut, "TABLE_VIII", (("2023-06-01", 5),))
     out = replay_table_viii(FlashCutConfig(drain_after=3))
     assert out["available"] and out["burst"]["drains"] == 1 and out["spread"]["drains"] == 0
+
+
+FAILURES_CSV = """\
+# node,time[,interface[,count]] -- a synthetic log (Table VIII's rows must be supplied from the paper)
+node,time,interface,count
+n1,2023-06-01T10:00:00,ib0
+n1,2023-06-01T10:20:00,ib0
+n2,2023-06-01T10:30:00
+n1,2023-06-01 10:40,ib1
+n1,2023-06-01T10:50:00,ib0
+n3,2023-07-02,ib0,2
+n3,2023-07-02T00:30:00Z,ib0
+n2,2023-06-01T18:00:00
+n2,1685642400
+"""
+
+
+def test_read_failures_csv_and_replay_per_node() -> None:
+    from fireflyer.health.flashcut import read_failures_csv, replay_failures
+
+    log = read_failures_csv(FAILURES_CSV)
+    assert len(log.events) == 9 and log.dated_counts == []
+    assert log.events[5].count == 2 and log.events[3].iface == "ib1" and log.events[2].iface == ""
+    out = replay_failures(log, FlashCutConfig(window_s=3600, drain_after=3))
+    # n1: 3 within the hour by 10:40 (drained once); n3: 2 + 1 within 30 min; n2: 10:30, 18:00, 18:00 + 0 s -> no
+    assert (out["nodes"], out["failures"], out["drains"]) == (3, 10, 2)
+    assert [(d["node"], d["time"]) for d in out["drained"]] == [
+        ("n1", "2023-06-01T10:40:00+00:00"), ("n3", "2023-07-02T00:30:00+00:00")]
+    assert replay_failures(log, FlashCutConfig(window_s=86_400, drain_after=3))["drains"] == 3
+
+
+def test_read_failures_csv_table_viii_shape_and_errors() -> None:
+    from fireflyer.health.flashcut import read_failures_csv, replay_failures
+
+    log = read_failures_csv("date,count\n2023-04-03,1\n2023-05-10,4\n2023-07-01,2\n2024-02-20,3\n")
+    assert log.events == [] and log.dated_counts[1] == ("2023-05-10", 4)
+    out = replay_failures(log, FlashCutConfig(window_s=3600, drain_after=3))
+    assert (out["burst"]["drains"], out["spread"]["drains"]) == (2, 0)
+    for bad in ("2023-04-03,1\n2023-04-04,x\n", "n1,yesterday\n", "n1,2023-01-01,ib0,0\n", "n1\n"):
+        with pytest.raises(InvalidArgument):
+            read_failures_csv(bad)
+    assert read_failures_csv("# nothing\n") == flashcut.FailureLog()
+
+
+def test_cli_flashcut_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from fireflyer.cli.main import main as ff_main
+
+    f = tmp_path / "failures.csv"
+    f.write_text(FAILURES_CSV)
+    assert ff_main(["health", "flashcut-replay", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "10 link failures on 3 nodes (drain at 3 within 3600s): 2 drains" in out
+    assert "drain n1 at 2023-06-01T10:40:00+00:00" in out
+    assert ff_main(["health", "flashcut-replay", str(f), "--drain-after", "2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["drains"] == 3 and doc["drain_after"] == 2
+    t8 = tmp_path / "t8.csv"
+    t8.write_text("2023-05-10,4\n2024-02-20,3\n")
+    assert ff_main(["health", "flashcut-replay", str(t8)]) == 0
+    assert "7 link failures on 2 dates" in capsys.readouterr().out
+    assert ff_main(["health", "flashcut-replay", str(tmp_path / "nope.csv")]) == 1
+    assert ff_main(["health", "flashcut-replay", str(f), "--drain-after", "0"]) != 0

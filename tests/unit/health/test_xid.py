@@ -53,6 +53,33 @@ SHAPES = [
     ("[ 6.2] NVRM: Xid (PCI:0000:18:00): 64", 64, "0000:18:00", None, None, "", ""),
     ("Mar 05 10:11:12.345678 gpu3 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, "
      "GPU has fallen off the bus.", 79, "0000:3b:00", None, None, "", "GPU has fallen off the bus."),
+    # journalctl -k -o short-iso (systemd < 255 prints +0800, newer +08:00)
+    ("2024-03-05T10:11:12+0800 gpu-node-07 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, "
+     "GPU has fallen off the bus.", 79, "0000:3b:00", None, 1, "python", "GPU has fallen off the bus."),
+    # journalctl -k -o short-monotonic
+    ("[  171.620236] gpu-node-07 kernel: NVRM: Xid (PCI:0000:05:00): 48, pid=7, name=train, DBE (double bit error) "
+     "ECC error", 48, "0000:05:00", None, 7, "train", "DBE (double bit error)"),
+    # dmesg -T on a MIG GPU
+    ("[Tue Mar  5 10:11:12 2024] NVRM: Xid (PCI:0000:01:00 GPU-I:02): 31, pid=55, name=python, Ch 00000008, intr 0. "
+     "MMU Fault", 31, "0000:01:00", 2, 55, "python", "Ch 00000008"),
+    # an old driver's journal line without PCI:
+    ("Mar 05 10:11:12 host kernel: NVRM: Xid (0000:3b:00): 13, Graphics Exception: ESR 0x405840=0x0",
+     13, "0000:3b:00", None, None, "", "Graphics Exception"),
+    # rsyslog RFC 3339 with the kernel's stamp inside; an upper-case bus id with its function
+    ("2024-03-05T10:11:12.123456+08:00 host kernel: [   55.100000] NVRM: Xid (PCI:0000:3B:00.0): 74, pid=9, "
+     "name=python, NVLink: fatal error detected on link 2", 74, "0000:3b:00", None, 9, "python", "NVLink: fatal"),
+    # dmesg -x without stamps (dmesg -t -x)
+    ("kern  :warn  : NVRM: Xid (PCI:0000:3b:00): 45, pid=538574, name=python, Ch 00000010",
+     45, "0000:3b:00", None, 538574, "python", "Ch 00000010"),
+    # dmesg -r: the raw priority before the stamp
+    ("<4>[   12.000000] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+     79, "0000:3b:00", None, None, "", "GPU has fallen off the bus."),
+    # a /dev/kmsg record
+    ("4,1234,171620236,-;NVRM: Xid (PCI:0000:4c:00): 94, pid=7194, Contained: SM (0x1). RST: No, D-RST: No",
+     94, "0000:4c:00", None, 7194, "", "Contained: SM (0x1)"),
+    # an Xid the table does not know (92: high single-bit ECC rate)
+    ("[    5.000000] NVRM: Xid (PCI:0000:3b:00): 92, pid=1, name=python, High single-bit ECC error rate",
+     92, "0000:3b:00", None, 1, "python", "High single-bit ECC"),
 ]
 
 
@@ -76,10 +103,34 @@ def test_timestamps_and_hosts_of_each_prefix() -> None:
         "[12345.678901] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
         "[Tue Mar  5 10:11:12 2024] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
         "Mar 05 10:11:12 host7 kernel: [ 55.5] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+        "[  171.620236] gpu-node-07 kernel: NVRM: Xid (PCI:0000:05:00): 48, DBE",
+        "4,1234,171620236,-;NVRM: Xid (PCI:0000:4c:00): 94, Contained",
+        "<4>[   12.000000] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
     ]))
     assert [(e.timestamp, e.uptime_s, e.host) for e in r.events] == [
         ("12345.678901", 12345.678901, ""), ("Tue Mar  5 10:11:12 2024", None, ""),
-        ("Mar 05 10:11:12", 55.5, "host7")]
+        ("Mar 05 10:11:12", 55.5, "host7"), ("171.620236", 171.620236, "gpu-node-07"),
+        ("171.620236", 171.620236, ""), ("12.000000", 12.0, "")]
+    assert r.events[0].raw == "[12345.678901] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."
+
+
+def test_stream_holds_an_xid_until_its_dump_ends_and_counts_floods() -> None:
+    from fireflyer.health.xid import XidStream
+
+    s = XidStream()
+    lines = GSP_DUMP.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        got = s.feed(line)
+        if i < 17:
+            assert got == [], (i, line)  # the context, the Xid, then its dump: nothing complete yet
+        out += got
+    assert [e.xid for e in out] == [119] and len(out[0].detail) == 14  # the eth0 line closed the first
+    assert out[0].uuid.startswith("GPU-45eab12c")
+    (last,) = s.flush()
+    assert last.xid == 119 and last.detail == () and s.flush() == []
+    assert s.feed("[ 2000.0] nvidia: 12 callbacks suppressed") == [] and s.take_suppressed() == 12
+    assert s.take_suppressed() == 0 and s.stats.suppressed == 12
 
 
 GSP_DUMP = """\
