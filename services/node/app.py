@@ -40,6 +40,7 @@ from fireflyer.hfreduce.launch_plan import node_address
 from fireflyer.node.events import NodeHeartbeat, TaskExited, heartbeat_subject, task_exit_subject
 from fireflyer.node.policy import RestartPolicy
 
+from .metrics import NodeMetrics
 from .schedlink import SchedLink
 from .servicer import SERVICE_NAME, NodeAgentServicer
 from .tasks import NodeFacts, TaskManager
@@ -130,6 +131,7 @@ class NodeAgentService(Service):
         self.manager = TaskManager(facts, agent_env=dict(os.environ), restart=policy, publish=self._publish_exit,
                                    log=ctx.log)
         counts = self.manager.load()
+        NodeMetrics(ctx.metrics, self.manager)
         ctx.add_servicer(pb_grpc.add_NodeAgentServicer_to_server,
                          NodeAgentServicer(self.manager, started_at=self.started_at,
                                            agent_address=lambda: ctx.server.address),
