@@ -40,6 +40,7 @@ from fireflyer.kv import KV, aopen_kv
 from fireflyer.meta.model import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 
 from .events import STREAM, STREAM_SUBJECTS, committed_event, committed_subject
+from .metrics import CheckpointMetrics
 from .servicer import SERVICE_NAME, CheckpointServicer
 
 __all__ = ["CheckpointSection", "CheckpointSettings", "CheckpointService", "kv_url_for", "outbox_path", "main"]
@@ -106,12 +107,14 @@ class CheckpointService(Service):
         self._sweeper: asyncio.Task[None] | None = None
         self._layout: asyncio.Task[None] | None = None
         self._outbox: Outbox | None = None
+        self._metrics: CheckpointMetrics | None = None
 
     async def start(self, ctx: ServiceContext) -> None:
         settings: CheckpointSettings = self.settings  # type: ignore[assignment]
         c = settings.checkpoint
         _check(c)
         self._ctx, self._loop = ctx, asyncio.get_running_loop()
+        self._metrics = CheckpointMetrics(ctx.metrics)
         if ctx.bus is not None:
             await ctx.bus.ensure_stream(STREAM, STREAM_SUBJECTS)
             # commits are published through an outbox kept next to the service's other state: a
@@ -178,6 +181,8 @@ class CheckpointService(Service):
     def _on_committed(self, rec: CheckpointRecord) -> None:
         """Called by the Catalog on a worker thread: queue the event in the outbox and return (the
         outbox publishes it, retrying until JetStream acks it)."""
+        if self._metrics is not None:
+            self._metrics.committed(rec)
         ctx, outbox = self._ctx, self._outbox
         if ctx is None or outbox is None:
             return

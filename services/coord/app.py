@@ -27,6 +27,7 @@ from fireflyer.hfreduce.telemetry import TelemetryBatch
 from fireflyer.kv import KV, aopen_kv
 
 from .core import CoordCore, CoreConfig
+from .metrics import CoordMetrics
 from .servicer import SERVICE_NAME, CoordServicer
 from .store import CoordStore
 
@@ -88,7 +89,8 @@ class CoordService(Service):
         settings: CoordSettings = self.settings  # type: ignore[assignment]
         cfg = core_config(settings)
         self.kv = await aopen_kv(kv_url_for(settings))
-        self.core = CoordCore(cfg, store=CoordStore(self.kv), bus=ctx.bus, clock=ctx.clock, log=ctx.log)
+        self.core = CoordCore(cfg, store=CoordStore(self.kv), bus=ctx.bus, clock=ctx.clock, log=ctx.log,
+                              metrics=CoordMetrics(ctx.metrics))
         loaded = await self.core.load()
         ctx.add_servicer(pb_grpc.add_CoordServiceServicer_to_server, CoordServicer(self.core), SERVICE_NAME)
         if ctx.bus is not None:

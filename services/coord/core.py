@@ -26,6 +26,7 @@ from fireflyer.coord.rendezvous import LivenessConfig, Outcome, Rendezvous
 from fireflyer.core.clock import Clock
 from fireflyer.core.errors import Aborted, NotFound
 
+from .metrics import CoordMetrics
 from .store import CoordStore
 
 __all__ = ["CoreConfig", "CoordCore"]
@@ -41,7 +42,8 @@ class CoreConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CoordCore:
-    def __init__(self, cfg: CoreConfig, *, store: CoordStore | None, bus: Any, clock: Clock, log: Any) -> None:
+    def __init__(self, cfg: CoreConfig, *, store: CoordStore | None, bus: Any, clock: Clock, log: Any,
+                 metrics: CoordMetrics | None = None) -> None:
         self.cfg = cfg
         self.store = store
         self.bus = bus
@@ -50,6 +52,7 @@ class CoordCore:
         self.rv = Rendezvous(LivenessConfig(interval_s=cfg.heartbeat_interval_s, misses=cfg.heartbeat_misses,
                                                 restart_grace_s=cfg.restart_grace_s))
         self.ops = OpStatsStore(cfg.keep_ops)
+        self.metrics = metrics
         self._waiters: dict[tuple[str, str], tuple[int, asyncio.Future[pb.JoinReply]]] = {}
         self.published = 0
 
@@ -169,3 +172,5 @@ class CoordCore:
 
     async def on_telemetry(self, batch: Any, msg: Any) -> None:
         self.ops.add(batch.comm, batch.node_rank, batch.records, batch.dropped)
+        if self.metrics is not None:
+            self.metrics.observe(batch.comm, batch.records)

@@ -45,6 +45,7 @@ from fireflyer.node.policy import RestartPolicy
 
 from .kernlog import KernLogSettings, KernLogWatcher
 from .linkmon import LinkMonitor, LinkMonSettings
+from .metrics import NodeMetrics
 from .schedlink import SchedLink
 from .servicer import SERVICE_NAME, NodeAgentServicer
 from .tasks import NodeFacts, TaskManager
@@ -136,6 +137,7 @@ class NodeAgentService(Service):
         self.manager = TaskManager(facts, agent_env=dict(os.environ), restart=policy, publish=self._publish_exit,
                                    log=ctx.log)
         counts = self.manager.load()
+        NodeMetrics(ctx.metrics, self.manager)
         ctx.add_servicer(pb_grpc.add_NodeAgentServicer_to_server,
                          NodeAgentServicer(self.manager, started_at=self.started_at,
                                            agent_address=lambda: ctx.server.address),

@@ -28,6 +28,7 @@ from fireflyer.sched.agents import NodeAgents, UnwiredAgents
 from fireflyer.sched.model import Priority, SchedConfig
 
 from .core import CoreConfig, SchedCore
+from .metrics import SchedulerMetrics
 from .nodeclient import GrpcNodeAgents
 from .servicer import NODE_SERVICE, QUOTA_SERVICE, TASK_SERVICE, NodeServicer, QuotaServicer, TaskServicer
 
@@ -134,6 +135,8 @@ class SchedulerService(Service):
         advertise = settings.scheduler.advertise_address
         self.core = SchedCore(cfg, kv=self.kv, agents=self.agents, clock=ctx.clock, log=ctx.log,
                               address=lambda: advertise or ctx.server.address)
+        core = self.core
+        SchedulerMetrics(ctx.metrics, is_leader=core.is_leader, view=lambda: core.queue_view)
         ctx.add_servicer(pb_grpc.add_TaskServiceServicer_to_server, TaskServicer(self.core), TASK_SERVICE)
         ctx.add_servicer(pb_grpc.add_NodeServiceServicer_to_server, NodeServicer(self.core), NODE_SERVICE)
         ctx.add_servicer(pb_grpc.add_QuotaServiceServicer_to_server, QuotaServicer(self.core), QUOTA_SERVICE)

@@ -63,6 +63,7 @@ from fireflyer.sched.records import NodeRecord, RunRecord
 
 from . import store
 from .leader import Leadership
+from .metrics import QueueView, queue_view
 
 __all__ = ["CoreConfig", "Caller", "SchedCore", "Effects", "QuotaUse"]
 
@@ -134,6 +135,8 @@ class SchedCore:
         self._resent: dict[int, float] = {}
         #: node actions in flight (so that shutdown and tests can wait for them)
         self._actions: set[asyncio.Task[None]] = set()
+        #: the queue and nodes as the last decision cycle left them (metrics; None before the first)
+        self.queue_view: QueueView | None = None
 
     @property
     def node_id(self) -> str:
@@ -310,6 +313,12 @@ class SchedCore:
             rec = by_id[run_id]
             if rec.reason_code != code or (rec.reason != message and code != "backoff"):
                 store.save_run(t, msgspec.structs.replace(rec, reason=message, reason_code=code))
+        # (a retried transaction runs this again: the last run's view stands)
+        self.queue_view = queue_view(
+            (waiting[r.id][1] if r.id in waiting else "held" if r.held else "none"
+             for r in by_id.values() if r.task.waiting),
+            (n.view() if n.name not in lost else msgspec.structs.replace(n.view(), state=DRAINED)
+             for n in nodes.values()))
         return effects
 
     def _resend_stale(self, t: Txn, runs: list[RunRecord], now: float, effects: Effects) -> list[RunRecord]:

@@ -48,6 +48,7 @@ from .dataplane import DataPlane, HeldTransfers
 from .forwarder import ConnectionPool, Forwarder
 from .localserver import LocalReadServer
 from .loops import InitChains, NodeLoops
+from .metrics import StorageMetrics
 from .node import StorageNode, TargetRuntime
 
 __all__ = ["StorageSection", "StorageSettings", "StorageService", "parse_targets", "main"]
@@ -273,8 +274,11 @@ class StorageService(Service):
         node = StorageNode(node_id, targets, wire_address=f"{s.wire_host}:{wire_port}",
                            grpc_address=lambda: ctx.server.address, fence_after_s=s.fence_after_s)
         holder["node"] = self.node = node
+        metrics = StorageMetrics(ctx.metrics)
         dataplane = DataPlane(node, forwarder, limits=limits, max_chunk_size=s.max_chunk_size, held=held,
-                              workers=s.io_threads, keys=keys, on_corrupt=lambda rt, cid, e: loops_ref["loops"].on_corrupt(rt, cid, e))
+                              workers=s.io_threads, keys=keys, on_corrupt=lambda rt, cid, e: loops_ref["loops"].on_corrupt(rt, cid, e),
+                              metrics=metrics)
+        ctx.metrics.on_scrape(lambda: metrics.set_targets(rt.public for rt in node.targets.values()))
         self.dataplane = dataplane
         wire_port = self.wire.start()
         node.wire_address = f"{s.wire_host}:{wire_port}"

@@ -92,6 +92,7 @@ from fireflyer.storage.protocol import (
 from fireflyer.wire import ServerRequest
 
 from .forwarder import Forwarder
+from .metrics import WRITE_OPS, StorageMetrics
 from .node import StorageNode, TargetRuntime
 
 __all__ = ["DataPlane", "HeldTransfers"]
@@ -189,8 +190,10 @@ class DataPlane:
 
     def __init__(self, node: StorageNode, forwarder: Forwarder, *, limits: BatchLimits, max_chunk_size: int,
                  held: HeldTransfers, workers: int, on_corrupt: OnCorrupt, keys: Keyring,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, metrics: StorageMetrics | None = None) -> None:
         self.node = node
+        #: bytes in and out (Prometheus); None: not counted
+        self.metrics = metrics
         #: the key shared with meta: checks the capabilities of client chunk ops (:meth:`permit`)
         self.keys = keys
         self.clock = clock
@@ -220,6 +223,8 @@ class DataPlane:
             raise BadRequest(f"unknown storage op {req.op!r}", op=req.op)
         self.authorize(req.op, req.principal)
         fn(req)
+        if self.metrics is not None and req.op in WRITE_OPS:
+            self.metrics.wrote(req.op, req.size)
 
     @staticmethod
     def authorize(op: str, principal: object) -> None:
@@ -367,6 +372,8 @@ class DataPlane:
         self.permit(req.principal, msg.caps, [(msg.req.chunk_id, READ)])
         reply, data = self._read_one(msg)
         req.reply(data, meta=msgspec.to_builtins(reply))
+        if self.metrics is not None:
+            self.metrics.read(OP_READ, len(data))
 
     def _prepare_one(self, msg: ReadMsg) -> tuple[IoResult, ChunkRead | None]:
         r = msg.req
@@ -421,6 +428,8 @@ class DataPlane:
         finally:
             self.held.grant_finished()
             transfer.close()
+        if self.metrics is not None:
+            self.metrics.read(OP_BATCH_READ, total)
 
     def open_local(self, principal: object, msgs: list[ReadMsg],
                    caps: list[bytes]) -> tuple[LocalReadReply, list[BinaryIO]]:
@@ -446,6 +455,8 @@ class DataPlane:
             raise
         with self._local_lock:
             self.local_served += 1
+        if self.metrics is not None:
+            self.metrics.read("local", sum(r.length for r in results if r.fd >= 0))
         return LocalReadReply(results=results), files
 
     def _open_one(self, msg: ReadMsg, files: list[BinaryIO],
@@ -482,6 +493,7 @@ class DataPlane:
 
     def _rts_grant(self, req: ServerRequest) -> None:
         transfer = self.held.take(from_meta(req.meta, RtsGrant).xfer, _user(req))
+        sent = len(transfer)
         self.held.grant_started()
         try:
             # every I/O's bytes back to back, files by sendfile: no join, no copy into memory
@@ -489,6 +501,8 @@ class DataPlane:
         finally:
             self.held.grant_finished()
             transfer.close()
+        if self.metrics is not None:
+            self.metrics.read(OP_BATCH_READ, sent)
 
     def _rts_cancel(self, req: ServerRequest) -> None:
         try:

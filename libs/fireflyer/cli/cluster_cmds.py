@@ -3,6 +3,7 @@
     ff up     [--config deploy/local.toml] [--state-dir .ff]
     ff status [--state-dir .ff] [--json]
     ff down   [--state-dir .ff] [--timeout 10]
+    ff metrics [--state-dir .ff] [--json] [--scrape]
 
 The state dir is ``--state-dir``, else ``FF_STATE_DIR``, else ``.ff`` in the
 working directory.  Handlers return the exit code; a FireFlyerError they raise
@@ -17,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["register", "resolve_state_dir", "cmd_up", "cmd_status", "cmd_down", "main"]
+__all__ = ["register", "resolve_state_dir", "cmd_up", "cmd_status", "cmd_down", "cmd_metrics", "main"]
 
 DEFAULT_STATE_DIR = ".ff"
 
@@ -55,13 +56,20 @@ def cmd_down(ns: argparse.Namespace) -> int:
     return supervisor.down(state_dir=resolve_state_dir(ns.state_dir), timeout_s=ns.timeout, console=_console())
 
 
+def cmd_metrics(ns: argparse.Namespace) -> int:
+    from fireflyer.cluster import supervisor
+
+    return supervisor.metrics(state_dir=resolve_state_dir(ns.state_dir), console=_console(), as_json=ns.json,
+                              scrape=ns.scrape)
+
+
 def _state_dir_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", default=None, metavar="DIR",
                    help=f"the cluster's state dir (default: $FF_STATE_DIR or {DEFAULT_STATE_DIR})")
 
 
 def register(subparsers: Any) -> None:
-    """Add ``up``, ``status`` and ``down`` to ``ff``'s subcommands."""
+    """Add ``up``, ``status``, ``down`` and ``metrics`` to ``ff``'s subcommands."""
     up = subparsers.add_parser(
         "up", help="start the local cluster (nats-server and the services of the cluster file)",
         description="Start nats-server (or use FF_NATS_URL) and every service of the cluster file, wait "
@@ -84,6 +92,15 @@ def register(subparsers: Any) -> None:
     dn.add_argument("--timeout", type=float, default=10.0, metavar="S",
                     help="seconds between SIGTERM and SIGKILL (default 10)")
     dn.set_defaults(func=cmd_down)
+
+    mt = subparsers.add_parser("metrics", help="list each service process's Prometheus metrics URL",
+                               description="The GET /metrics endpoint of every process `ff up` started "
+                                           "(see docs/metrics.md).  --scrape fetches each; exit code 1 "
+                                           "when one does not answer.")
+    _state_dir_arg(mt)
+    mt.add_argument("--json", action="store_true", help="print one JSON object")
+    mt.add_argument("--scrape", action="store_true", help="fetch every endpoint and count its samples")
+    mt.set_defaults(func=cmd_metrics)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -78,6 +78,8 @@ class ProcessRecord(msgspec.Struct, frozen=True, kw_only=True):
     address: str
     log: str
     started_at: float
+    #: ``host:port`` of its Prometheus endpoint (``GET /metrics``); "" if ff up gave it none
+    metrics: str = ""
 
 
 class ClusterRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -17,7 +17,7 @@ from rich.table import Table
 from .decisions import StatusRow, StopOutcome
 from .records import ClusterRecord
 
-__all__ = ["StartProgress", "print_up_table", "print_status", "print_down", "print_tail"]
+__all__ = ["StartProgress", "print_up_table", "print_status", "print_down", "print_tail", "print_metrics"]
 
 
 def _short(path: str, state_dir: str) -> str:
@@ -110,6 +110,21 @@ def print_status(console: Console, state_dir: str, rows: Sequence[StatusRow]) ->
                 # the same port and store: every service reconnects to it by itself
                 console.print(f"restart {r.instance} on {r.address} with: {shlex.join(r.restart_command)}",
                               highlight=False, markup=False, soft_wrap=True)
+
+
+def print_metrics(console: Console, state_dir: str, rows: Sequence[Mapping[str, object]]) -> None:
+    """``ff metrics``: each process's Prometheus URL (and, after ``--scrape``, what it answered)."""
+    _heading(console, f"Prometheus endpoints — {state_dir}")
+    table = Table()
+    scraped = any("scrape" in r for r in rows)
+    for col in ("NAME", "INSTANCE", "URL", *(("SCRAPE",) if scraped else ())):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        cells = [str(r["name"]), str(r["instance"]), str(r["url"] or "-")]
+        if scraped:
+            cells.append(str(r.get("scrape", "")))
+        table.add_row(*cells, style="red" if r.get("error") else "")
+    console.print(table)
 
 
 def print_down(console: Console, title: str, pids: Mapping[str, int | None],

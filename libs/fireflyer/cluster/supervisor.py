@@ -85,7 +85,7 @@ from .records import (
     write_record,
 )
 
-__all__ = ["up", "status", "down", "collect_status", "alive_map", "nats_port_for", "live_nats", "TAIL_LINES"]
+__all__ = ["up", "status", "down", "metrics", "metrics_rows", "metrics_address", "collect_status", "alive_map", "nats_port_for", "live_nats", "TAIL_LINES"]
 
 log = get_logger(__name__)
 
@@ -189,7 +189,7 @@ def _start_nats(cfg: ClusterConfig, paths: StatePaths, env: Mapping[str, str], t
 
 
 def _service_env(base: Mapping[str, str], *, paths: StatePaths, nats_url: str, port: int, instance: str,
-                 service_token: str, extra: Mapping[str, str]) -> dict[str, str]:
+                 service_token: str, extra: Mapping[str, str], metrics_port: int | None = None) -> dict[str, str]:
     env = dict(base)
     env.update({
         "FF_STATE_DIR": str(paths.root),
@@ -208,8 +208,22 @@ def _service_env(base: Mapping[str, str], *, paths: StatePaths, nats_url: str, p
         # a service's log must reach the file as it happens, not when a buffer fills
         "PYTHONUNBUFFERED": "1",
     })
+    if metrics_port is not None:
+        # the Prometheus endpoint (docs/metrics.md); one port per process, like FF_RPC_PORT
+        env["FF_METRICS_PORT"] = str(metrics_port)
     env.update(extra)
     return env
+
+
+def metrics_address(entry_env: Mapping[str, str], assigned: int) -> str:
+    """Where a process's metrics will be, given its entry's env and the port ``ff up`` assigned:
+    an entry's own nonzero ``FF_METRICS_PORT`` wins; ``0`` there (a port only the process knows)
+    or an empty value (off) records none."""
+    own = entry_env.get("FF_METRICS_PORT")
+    if own is None:
+        return f"{RPC_HOST}:{assigned}"
+    own = own.strip()
+    return f"{RPC_HOST}:{int(own)}" if own.isdigit() and int(own) > 0 else ""
 
 
 #: env names DESIGN.md §3 fixes for service addresses where they differ from FF_<NAME>_ADDR
@@ -233,22 +247,26 @@ def _start_services(cfg: ClusterConfig, paths: StatePaths, env: Mapping[str, str
                     tokens: TokensFile, started: list[_Started]) -> None:
     """Spawn every instance, appending to ``started`` as it goes (the caller cleans up on error)."""
     total = sum(s.replicas for s in cfg.service)
-    ports = iter(free_ports(total, RPC_HOST))
-    planned = [(entry, instance, next(ports)) for entry in cfg.service for instance in entry.instances()]
-    addresses = address_env([(entry.name, f"{RPC_HOST}:{port}") for entry, _, port in planned])
-    for entry, instance, port in planned:
+    # a gRPC port and a metrics port per process
+    ports = iter(free_ports(2 * total, RPC_HOST))
+    planned = [(entry, instance, next(ports), next(ports)) for entry in cfg.service
+               for instance in entry.instances()]
+    addresses = address_env([(entry.name, f"{RPC_HOST}:{port}") for entry, _, port, _ in planned])
+    for entry, instance, port, metrics_port in planned:
         log_path = paths.log_for(instance)
         credential = tokens.for_service(entry.name)
         assert credential is not None  # ensure_tokens made one per service of the config
         # the cluster's addresses first, so an entry's own env can still override one
         child_env = _service_env({**env, **addresses}, paths=paths, nats_url=nats_url, port=port,
-                                 instance=instance, service_token=credential.token, extra=entry.env)
+                                 instance=instance, service_token=credential.token, extra=entry.env,
+                                 metrics_port=metrics_port)
         popen = spawn([sys.executable, "-m", entry.module, *entry.args], env=child_env, cwd=cwd,
                       log_path=log_path)
         seen = observe(popen.pid)
         rec = ProcessRecord(name=entry.name, instance=instance, module=entry.module, pid=popen.pid,
                             start_ticks=seen.start_ticks if seen else None, address=f"{RPC_HOST}:{port}",
-                            log=str(log_path), started_at=time.time())
+                            log=str(log_path), started_at=time.time(),
+                            metrics=metrics_address(entry.env, metrics_port))
         started.append(_Started(rec, popen, cfg.ready_timeout_for(entry)))
 
 
@@ -464,6 +482,60 @@ def status(*, state_dir: Path, console: Console, as_json: bool) -> int:
     else:
         report.print_status(console, record.state_dir, rows)
     return code
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+def metrics_rows(record: ClusterRecord) -> list[dict[str, object]]:
+    """One row per service process: name, instance, its metrics URL ("" where it has none)."""
+    return [{"name": p.name, "instance": p.instance, "url": f"http://{p.metrics}/metrics" if p.metrics else ""}
+            for p in record.processes]
+
+
+def _scrape(url: str, timeout_s: float) -> tuple[str, bool]:
+    """(what a GET of ``url`` found, whether it failed): "N samples" or the error."""
+    import urllib.error
+    import urllib.request
+
+    from fireflyer.telemetry.metrics import families
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - our own http URL
+            text = resp.read().decode()
+    except (urllib.error.URLError, OSError) as e:
+        return f"unreachable: {getattr(e, 'reason', e)}", True
+    try:
+        n = sum(len(f.samples) for f in families(text))
+    except ValueError as e:
+        return f"bad exposition: {e}", True
+    return f"{n} samples", False
+
+
+def metrics(*, state_dir: Path, console: Console, as_json: bool, scrape: bool, timeout_s: float = 2.0) -> int:
+    """``ff metrics``: list (and with ``scrape`` fetch) every process's Prometheus endpoint.
+
+    Exit code 1 when no cluster is recorded or, with ``scrape``, an endpoint did not answer."""
+    paths = StatePaths(state_dir)
+    record = read_record(paths)
+    if record is None:
+        console.print(f"no cluster is running on state dir {paths.root} (start one with `ff up --state-dir "
+                      f"{paths.root}`)", highlight=False, markup=False)
+        return 1
+    rows = metrics_rows(record)
+    failed = False
+    if scrape:
+        for r in rows:
+            if not r["url"]:
+                r["scrape"], r["error"] = "no endpoint recorded", True
+            else:
+                r["scrape"], r["error"] = _scrape(str(r["url"]), timeout_s)
+            failed = failed or bool(r["error"])
+    if as_json:
+        sys.stdout.write(msgspec.json.encode({"state_dir": record.state_dir, "processes": rows}).decode() + "\n")
+    else:
+        report.print_metrics(console, record.state_dir, rows)
+    return 1 if failed else 0
 
 
 # ---------------------------------------------------------------------------- down

@@ -6,7 +6,7 @@ Environment names follow ``FF_<SECTION>_<FIELD>`` (see ``core.settings``)::
 
     FF_STATE_DIR  FF_GRACE_S  FF_LOG_LEVEL  FF_TOKEN
     FF_NATS_URL   FF_RPC_HOST FF_RPC_PORT   FF_AUTH_TOKENS_FILE
-    FF_TELEMETRY_SPAN_FILE ...
+    FF_TELEMETRY_SPAN_FILE  FF_METRICS_PORT ...
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ __all__ = [
     "RpcSettings",
     "AuthSettings",
     "TelemetrySettings",
+    "MetricsSettings",
     "ServiceSettings",
 ]
 
@@ -71,6 +72,15 @@ class TelemetrySettings(msgspec.Struct, frozen=True, kw_only=True):
     enabled: bool = True
 
 
+class MetricsSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The Prometheus endpoint (``GET /metrics``, fireflyer.telemetry.metrics; docs/metrics.md)."""
+
+    #: None: no endpoint (metrics are still kept); 0: a free port (logged); ``ff up`` sets one per process
+    port: int | None = None
+    #: None: the gRPC server's host (rpc.host)
+    host: str | None = None
+
+
 class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True):
     #: instance name; default service@host:pid
     instance: str = ""
@@ -85,3 +95,4 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True):
     rpc: RpcSettings = msgspec.field(default_factory=RpcSettings)
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
     telemetry: TelemetrySettings = msgspec.field(default_factory=TelemetrySettings)
+    metrics: MetricsSettings = msgspec.field(default_factory=MetricsSettings)

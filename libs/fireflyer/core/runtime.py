@@ -13,14 +13,19 @@ A service is a class with a ``name``, a settings class and two coroutines::
 
 ``run_service`` loads settings (file < FF_* env < ``--set``), configures logging
 and tracing, installs uvloop, connects to NATS, starts the gRPC server (with
-health and reflection), and serves until SIGTERM or SIGINT.  Then, in order:
+health and reflection) and, when ``metrics.port`` is set (``FF_METRICS_PORT``;
+``ff up`` sets it), the Prometheus endpoint on the same host, and serves until
+SIGTERM or SIGINT.  Every service has its own metrics registry,
+``ctx.metrics`` (:class:`~fireflyer.telemetry.metrics.ServiceMetrics`), where
+the gRPC interceptor counts every call and the service defines its own metrics.
+Then, in order:
 
 1. health goes NOT_SERVING and the server stops accepting new RPCs;
 2. in-flight RPCs get ``grace_s`` seconds to finish, then are cancelled;
 3. the service's own ``stop`` runs and its background tasks are cancelled;
 4. NATS is drained (pending publishes flushed, subscriptions finish their
    current message);
-5. buffered spans are flushed; the process exits 0.
+5. the metrics endpoint closes, buffered spans are flushed; the process exits 0.
 
 A second signal during shutdown skips the rest of the grace period.
 """
@@ -44,6 +49,7 @@ from .settings import add_settings_args, load_settings, overrides_from_args
 if TYPE_CHECKING:
     from fireflyer.bus import Bus
     from fireflyer.rpc import RpcServer
+    from fireflyer.telemetry.metrics import ServiceMetrics
 
 __all__ = ["Service", "ServiceContext", "run_service", "serve", "parse_service_args"]
 
@@ -51,16 +57,20 @@ log = get_logger(__name__)
 
 
 class ServiceContext:
-    """What a service gets at start: settings, its RPC server, the bus, a clock."""
+    """What a service gets at start: settings, its RPC server, the bus, a clock, its metrics."""
 
     def __init__(self, *, name: str, instance: str, settings: ServiceSettings, server: RpcServer,
-                 bus: Bus | None, clock: Clock = SYSTEM_CLOCK) -> None:
+                 bus: Bus | None, clock: Clock = SYSTEM_CLOCK, metrics: ServiceMetrics | None = None) -> None:
+        from fireflyer.telemetry.metrics import ServiceMetrics
+
         self.name = name
         self.instance = instance
         self.settings = settings
         self.server = server
         self.bus = bus
         self.clock = clock
+        #: this service's Prometheus registry and helpers (served when metrics.port is set)
+        self.metrics = metrics if metrics is not None else ServiceMetrics(name, instance)
         self.log = get_logger(f"services.{name}")
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -119,6 +129,7 @@ async def serve(service: Service, *, stop: asyncio.Event | None = None,
     from fireflyer.bus import Bus
     from fireflyer.rpc import RpcServer, TokenStore
     from fireflyer.telemetry import setup_tracing, shutdown_tracing, tracing_configured
+    from fireflyer.telemetry.metrics import ServiceMetrics
 
     settings = service.settings
     name = service.name
@@ -143,8 +154,11 @@ async def serve(service: Service, *, stop: asyncio.Event | None = None,
     bus: Bus | None = None
     if service.uses_bus and settings.nats.url:
         bus = await Bus.connect(settings.nats, name=instance, token=settings.token)
-    server = RpcServer(settings.rpc, service=name, tokens=tokens, auth_enabled=settings.auth.enabled)
-    ctx = ServiceContext(name=name, instance=instance, settings=settings, server=server, bus=bus)
+    metrics = ServiceMetrics(name, instance)
+    metrics.bind_loop(loop)
+    server = RpcServer(settings.rpc, service=name, tokens=tokens, auth_enabled=settings.auth.enabled,
+                       metrics=metrics)
+    ctx = ServiceContext(name=name, instance=instance, settings=settings, server=server, bus=bus, metrics=metrics)
 
     signals = (signal.SIGTERM, signal.SIGINT)
     hard_stop = asyncio.Event()
@@ -163,8 +177,12 @@ async def serve(service: Service, *, stop: asyncio.Event | None = None,
     try:
         await service.start(ctx)
         port = await server.start()
+        if settings.metrics.port is not None:
+            # the gRPC host unless told otherwise: a scraper reaches the service where its clients do
+            metrics.serve(settings.metrics.host or settings.rpc.host, settings.metrics.port)
         log.info("service.started", service=name, instance=instance, address=server.address, port=port,
-                 nats=settings.nats.url if bus else None, loop=type(loop).__module__.split(".")[0])
+                 nats=settings.nats.url if bus else None, loop=type(loop).__module__.split(".")[0],
+                 metrics=metrics.url or None)
         if ready is not None:
             ready(ctx)
         await stop.wait()
@@ -188,6 +206,8 @@ async def serve(service: Service, *, stop: asyncio.Event | None = None,
                 loop.remove_signal_handler(s)
         if bus is not None and bus.is_connected:
             await bus.close()
+        # (a thread: the HTTP server's shutdown waits for its poll loop, up to half a second)
+        await asyncio.to_thread(metrics.close)
         if owns_tracing:
             shutdown_tracing()
 

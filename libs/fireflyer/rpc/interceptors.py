@@ -7,7 +7,9 @@ a root span that the tracer's sampler may drop, see
 :class:`~fireflyer.rpc.auth.Principal` in a context variable; FireFlyerError ->
 status with the error in the trailers, anything else -> INTERNAL with the
 traceback logged; the call log line ``rpc.call`` (method, user, code, ms) at
-INFO for failed or slow (>= ``SLOW_CALL_S``) calls and at DEBUG otherwise.
+INFO for failed or slow (>= ``SLOW_CALL_S``) calls and at DEBUG otherwise; and,
+given a :class:`~fireflyer.telemetry.metrics.RpcServerMetrics`, the call counted
+by method and status code and its duration observed (Prometheus).
 
 grpc.aio's server interceptor hook only sees the handler *lookup*, which runs
 outside the handler's task, so a context variable or span set there would not
@@ -39,6 +41,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from fireflyer.core.errors import FireFlyerError, Unauthenticated
 from fireflyer.core.log import get_logger
 from fireflyer.telemetry import extract, inject, tracer
+from fireflyer.telemetry.metrics import MethodMetrics, RpcServerMetrics
 
 from . import auth
 from .calls import (
@@ -100,10 +103,12 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
     sampler may make a no-op, and no log record unless DEBUG is on.
     """
 
-    def __init__(self, *, tokens: auth.TokenStore | None, auth_enabled: bool, inflight: Inflight) -> None:
+    def __init__(self, *, tokens: auth.TokenStore | None, auth_enabled: bool, inflight: Inflight,
+                 metrics: RpcServerMetrics | None = None) -> None:
         self.tokens = tokens if tokens is not None else auth.TokenStore({}, source="<none>")
         self.auth_enabled = auth_enabled
         self.inflight = inflight
+        self.metrics = metrics
         self._handlers: dict[str, Any] = {}
 
     async def intercept_service(
@@ -142,9 +147,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
 
 class _Method:
-    """What is fixed per method: its name, span name and attributes, whether it is public."""
+    """What is fixed per method: its name, span name and attributes, whether it is public, its metrics."""
 
-    __slots__ = ("ic", "name", "span_name", "attributes", "public")
+    __slots__ = ("ic", "name", "span_name", "attributes", "public", "metrics")
 
     def __init__(self, ic: ServerInterceptor, name: str) -> None:
         self.ic = ic
@@ -152,6 +157,7 @@ class _Method:
         self.span_name = _span_name(name)
         self.attributes = _rpc_attributes(name)
         self.public = name.startswith(PUBLIC_METHOD_PREFIXES)
+        self.metrics: MethodMetrics | None = ic.metrics.for_method(name) if ic.metrics is not None else None
 
 
 def _read_metadata(context: grpc.aio.ServicerContext) -> tuple[str, dict[str, str] | None]:
@@ -232,14 +238,17 @@ class _Call:
                 span.set_status(Status(StatusCode.ERROR, self.code.name))
         span.end()
         otel_context.detach(self._otel_token)
-        self._log()
+        elapsed = time.perf_counter() - self.started
+        if m.metrics is not None:
+            m.metrics.observe(self.code.name, elapsed)
+        self._log(elapsed)
 
-    def _log(self) -> None:
+    def _log(self, elapsed_s: float) -> None:
         # Successful calls log at DEBUG: at thousands of calls per second an INFO line each
         # was a measurable share of a server's CPU and drowns the lines that matter.  Failed
         # and slow calls stay at INFO (health probes, which arrive every second, and routine
         # answers such as a NotPrimary redirect, at DEBUG).
-        ms = (time.perf_counter() - self.started) * 1000
+        ms = elapsed_s * 1000
         quiet = self.m.public or ((self.code is grpc.StatusCode.OK or self.routine) and ms < SLOW_CALL_S * 1000)
         level = logging.DEBUG if quiet else logging.INFO
         if log.is_enabled(level):

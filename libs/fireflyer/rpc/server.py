@@ -9,8 +9,9 @@
 Every server gets keepalive and message-size limits from :class:`RpcSettings`,
 serves ``grpc.health.v1.Health`` and server reflection (both callable without
 a token), and runs :class:`~fireflyer.rpc.interceptors.ServerInterceptor`
-(tracing, auth, error mapping, the call log), with every service served through
-its generic handler (see :class:`_GenericHandlersOnly`).
+(tracing, auth, error mapping, the call log, and request metrics when given a
+:class:`~fireflyer.telemetry.metrics.ServiceMetrics`), with every service served
+through its generic handler (see :class:`_GenericHandlersOnly`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from fireflyer.core.config import RpcSettings
 from fireflyer.core.errors import FailedPrecondition, SettingsError, Unavailable
 from fireflyer.core.log import get_logger
 from fireflyer.core.netaddr import dial_address
+from fireflyer.telemetry.metrics import RpcServerMetrics, ServiceMetrics
 
 from .auth import ANONYMOUS_ADMIN, Principal, TokenStore
 from .interceptors import Inflight, ServerInterceptor
@@ -77,7 +79,7 @@ class RpcServer:
     """A grpc.aio server with Fire-Flyer's interceptors, health and reflection."""
 
     def __init__(self, settings: RpcSettings, *, service: str, tokens: TokenStore | None = None,
-                 auth_enabled: bool = True) -> None:
+                 auth_enabled: bool = True, metrics: ServiceMetrics | None = None) -> None:
         if auth_enabled and tokens is None:
             raise SettingsError(f"{service}: auth is enabled but no token store was given (set "
                                 "FF_AUTH_TOKENS_FILE, or FF_AUTH_ENABLED=false for local experiments)",
@@ -88,6 +90,9 @@ class RpcServer:
         self.auth_enabled = auth_enabled
         self._servicers: list[tuple[Callable[[Any, Any], None], Any, str]] = []
         self._inflight = Inflight()
+        #: request count, latency and in-flight gauge in the service's registry (None: not kept)
+        self.metrics = RpcServerMetrics(metrics, inflight=lambda: self._inflight.count) if metrics is not None \
+            else None
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
         self._port = 0
@@ -111,7 +116,7 @@ class RpcServer:
             raise FailedPrecondition(f"{self.service}: RpcServer.start called twice")
         # built here, not in __init__: grpc.aio binds the server to the running loop
         interceptor = ServerInterceptor(tokens=self.tokens, auth_enabled=self.auth_enabled,
-                                        inflight=self._inflight)
+                                        inflight=self._inflight, metrics=self.metrics)
         server = grpc.aio.server(interceptors=[interceptor], options=server_options(self.settings))
         target = _GenericHandlersOnly(server)
         for add_fn, servicer, _ in self._servicers:
