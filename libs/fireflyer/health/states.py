@@ -64,6 +64,8 @@ class NodeHealth(msgspec.Struct, frozen=True, kw_only=True):
     since: float = 0.0
     #: whether the health service has drained it at the scheduler (and must enable it again)
     drained: bool = False
+    #: the drain stops and requeues the node's running task (an incident), else lets it finish
+    evict: bool = False
     #: the validation to run once it is drained (None: none asked; a failed node waits for an operator)
     pending_level: int | None = None
     #: the incident that made it suspect / drained it ("" if none)
@@ -169,7 +171,7 @@ def transition(h: NodeHealth, event: HealthEvent, now: float) -> Transition:
         case Incident(incident=inc, reason=why):
             new = _replace(h, NodeState.SUSPECT, why, now, incident=inc)
         case Drain(reason=why, level=level, evict=evict):
-            new = _replace(h, NodeState.DRAINING, why, now, drained=True, pending_level=level)
+            new = _replace(h, NodeState.DRAINING, why, now, drained=True, pending_level=level, evict=evict)
             actions = (Action(kind=ActionKind.DRAIN, reason=why, evict=evict),)
         case Drained():
             why = f"drained; level-{h.pending_level} validation next" if h.pending_level else h.reason
@@ -187,7 +189,7 @@ def transition(h: NodeHealth, event: HealthEvent, now: float) -> Transition:
                 actions = (Action(kind=ActionKind.ENABLE, reason=new.reason),)
         case ValidationFailed(validation=vid, level=level, reason=why):
             reason = f"level-{level} validation {vid} failed: {why}"
-            new = _replace(h, NodeState.DRAINED, reason, now, drained=True)
+            new = _replace(h, NodeState.DRAINED, reason, now, drained=True, evict=True)
             if not h.drained:  # (a node validated in service is taken out now; its task requeued)
                 actions = (Action(kind=ActionKind.DRAIN, reason=reason, evict=True),)
     return Transition(node=h.name, before=h.state, after=new.state, event=_tag(type(event)), reason=new.reason,
