@@ -208,25 +208,26 @@ class HealthCore:
         """One transition (the caller holds the node's lock): commit, publish, perform its actions."""
         now = self.clock.time()
 
-        def fn(t: Txn) -> Transition:
+        def fn(t: Txn) -> tuple[Transition, str]:
             h = store.load_node(t, name) or NodeHealth(name=name, since=now, first_seen=now)
             tr = transition(h, event, now)
             store.save_node(t, tr.health)
-            return tr
-        tr = await self.kv.arun(fn)
+            return tr, h.incident
+        tr, incident_before = await self.kv.arun(fn)
         h = tr.health
         self.log.info("health.transition", node=name, before=tr.before.value, after=tr.after.value, cause=tr.event,
                       reason=tr.reason, actions=[a.kind.value for a in tr.actions])
         verdict = NodeVerdict(node=name, before=tr.before.value, after=tr.after.value, cause=tr.event,
                               reason=tr.reason, actions=tuple(a.kind.value for a in tr.actions),
-                              incident=h.incident, validation=h.validation, at=now)
+                              incident=h.incident or incident_before, validation=h.validation, at=now)
         try:
             out = self._publish(verdict)
             if out is not None:
                 await out
         except FireFlyerError as e:  # the state stands; a verdict that cannot be queued is logged
             self.log.error("health.publish_failed", node=name, error=str(e))
-        incident = h.incident or (event.incident if isinstance(event, Incident) else "")
+        # (a pass clears the node's incident: its enable is still that incident's last action)
+        incident = h.incident or incident_before
         if isinstance(event, Incident):
             await self._note(incident, f"{name} marked suspect")
         for action in tr.actions:
@@ -320,7 +321,7 @@ class HealthCore:
                 if new:
                     store.save_baseline(t, name, old.with_values(new))
         await self.kv.arun(save)
-        self.log.info("health.validated", node=name, validation=vid, level=level, status=rec.status,
+        self.log.info("health.validated", node=name, validation=vid, validation_level=level, status=rec.status,
                       trigger=trigger.value, summary=rec.summary())
         await self._note(incident, f"validation {vid} (level {level}) {rec.status}: {rec.summary()}")
         if passed:
