@@ -368,11 +368,17 @@ class HealthCore:
                 busy += 1
 
     async def loop(self) -> None:
+        from fireflyer.core.patience import Patience
+
+        # (the scheduler starts beside this service: a refusal is INFO at first, WARNING if it lasts)
+        patience = Patience(self.log, "health.tick_failed")
         while True:
             try:
                 await self.tick()
             except FireFlyerError as e:  # the scheduler away, a KV hiccup: the next tick tries again
-                self.log.warning("health.tick_failed", error=str(e), kind=e.kind)
+                patience.failed(e, kind=e.kind)
+            else:
+                patience.ok()
             await asyncio.sleep(self.cfg.tick_s)
 
     async def idle(self, timeout_s: float = 30.0) -> None:
