@@ -1,7 +1,8 @@
 """gRPC edge of the node agent: protobuf in, :class:`~services.node.tasks.TaskManager` calls, protobuf out.
 
-Starting, stopping and suspending processes needs role ``service`` or ``admin`` (the
-scheduler, an operator); a user may read the status and logs of their own tasks only.
+Starting, stopping and suspending processes, and validating the node (:mod:`services.node.validate`),
+need role ``service`` or ``admin`` (the scheduler, the health service, an operator); a user may read
+the status and logs of their own tasks only.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import signal as _signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import msgspec
+
 from fireflyer.api.node.v1 import node_pb2 as pb
 from fireflyer.api.node.v1 import node_pb2_grpc as pb_grpc
 from fireflyer.core.errors import InvalidArgument, PermissionDenied
@@ -19,6 +22,7 @@ from fireflyer.rpc import current_principal
 from fireflyer.rpc.auth import requires
 
 from .tasks import TaskManager
+from .validate import NodeValidator
 
 __all__ = ["SERVICE_NAME", "NodeAgentServicer", "spec_from_pb", "task_to_pb"]
 
@@ -95,10 +99,12 @@ def _check_reader(rec: TaskRecord) -> None:
 
 
 class NodeAgentServicer(pb_grpc.NodeAgentServicer):
-    def __init__(self, manager: TaskManager, *, started_at: float, agent_address: Callable[[], str]) -> None:
+    def __init__(self, manager: TaskManager, *, started_at: float, agent_address: Callable[[], str],
+                 validator: NodeValidator | None = None) -> None:
         self.manager = manager
         self.started_at = started_at
         self.agent_address = agent_address
+        self.validator = validator or NodeValidator(manager.facts.name)
 
     async def Describe(self, request: pb.DescribeRequest, context: Any) -> pb.DescribeReply:
         f = self.manager.facts
@@ -162,3 +168,10 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
             await asyncio.sleep(FOLLOW_POLL_S)
             # the record may have been replaced by a restarted task of the same id: follow the new one
             rank = self.manager.rank(request.task_id, request.rank)
+
+    @requires("admin", "service")
+    async def Validate(self, request: pb.ValidateRequest, context: Any) -> pb.ValidateReply:
+        report = await self.validator.validate(int(request.level), baseline=dict(request.baseline),
+                                               fraction=request.baseline_fraction, inject=dict(request.inject),
+                                               plan_json=request.plan_json, spec_json=request.spec_json)
+        return pb.ValidateReply(report_json=msgspec.json.encode(report), node=self.validator.node)

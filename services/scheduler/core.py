@@ -647,22 +647,38 @@ class SchedCore:
     async def nodes(self) -> list[NodeRecord]:
         return await self.kv.arun(lambda t: store.load_nodes(t, snapshot=True))
 
-    async def set_node_state(self, name: str, state: str, reason: str, caller: Caller) -> NodeRecord:
+    async def set_node_state(self, name: str, state: str, reason: str, caller: Caller, *,
+                             evict: bool = False) -> NodeRecord:
+        """Enable or drain a node.  A drained node gets no new run; the run holding it goes on (Slurm's
+        drain) unless ``evict``: then it is stopped now with HOOK_RESTART (HAI's hardware hook), which
+        requeues its chain (:func:`~fireflyer.sched.model.should_requeue`): the fault is the node's,
+        not the task's, so the task runs again elsewhere rather than finishing."""
         if state not in (ENABLED, DRAINED):
             raise InvalidArgument(f"node state must be {ENABLED} or {DRAINED}, got {state!r}", field="state")
         if state == DRAINED and not reason.strip():
             raise InvalidArgument("draining a node needs a reason (--reason)", field="reason")
+        if evict and state != DRAINED:
+            raise InvalidArgument("evict only goes with draining a node", field="evict")
 
-        def fn(t: Txn, now: float) -> NodeRecord:
+        def fn(t: Txn, now: float) -> tuple[NodeRecord, int | None]:
             n = store.load_node(t, name)
             if n is None:
                 raise NotFound(f"no node {name!r}: `ff nodes` lists them", node=name)
             n.state = state
             n.reason = reason.strip() if state == DRAINED else ""
             store.save_node(t, n)
-            return n
-        n = await self.mutate(fn)
-        self.log.info("scheduler.node_state", node=name, state=state, reason=reason, by=caller.user)
+            evicted = None
+            if evict and n.task is not None:
+                rec = store.load_run(t, n.task)
+                if rec is not None and rec.task.running and not rec.task.stop_code & StopCode.HOOK_RESTART:
+                    store.save_run(t, lifecycle.request_stop(rec, StopCode.HOOK_RESTART, now,
+                                                             f"node {name} drained by {caller.user}: {n.reason}; "
+                                                             "requeued to run elsewhere"))
+                    evicted = rec.id
+            return n, evicted
+        n, evicted = await self.mutate(fn)  # (the wake runs a cycle at once: it sends the stop)
+        self.log.info("scheduler.node_state", node=name, state=state, reason=reason, by=caller.user,
+                      evicted=evicted)
         return n
 
     # -- quotas ---------------------------------------------------------------------------------------------

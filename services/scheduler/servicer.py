@@ -1,8 +1,9 @@
 """gRPC edge of the scheduler: protobuf in, :class:`~services.scheduler.core.SchedCore` calls, protobuf out.
 
 Only conversion and role checks live here; owners are checked by the core inside its transactions.
-Every call needs a valid token.  Node state and quota changes need ``admin``; Register and Report,
-which only node agents make, need ``service``.  Bad requests raise InvalidArgument while
+Every call needs a valid token.  Quota changes need ``admin``; node state changes ``admin`` or
+``service`` (the health service drains faulty nodes and enables them after a validation, with its
+own service credential); Register and Report, which only node agents make, need ``service``.  Bad requests raise InvalidArgument while
 converting, before the core is called, so nothing is written.
 """
 
@@ -112,9 +113,10 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
             out.append(m)
         return pb.NodeListReply(nodes=out)
 
-    @requires("admin")
+    @requires("admin", "service")
     async def SetState(self, request: pb.SetNodeStateRequest, context: Any) -> pb.NodeReply:
-        node = await self.core.set_node_state(request.name, request.state, request.reason, caller())
+        node = await self.core.set_node_state(request.name, request.state, request.reason, caller(),
+                                              evict=request.evict)
         return pb.NodeReply(node=convert.node_to_pb(node))
 
     @requires("service")

@@ -8,7 +8,7 @@ Each field is taken from the first of
 
 1. the explicit argument (``meta=``, ``token=`` ...; a CLI's ``--address`` / ``--token``);
 2. the environment: ``FF_MGMTD_ADDR``, ``FF_META_ADDR``, ``FF_COORD_ADDR``, ``FF_CKPT_ADDR``,
-   ``FF_SCHED_ADDR`` (comma separated), ``FF_NATS_URL`` and ``FF_TOKEN`` (an empty value counts
+   ``FF_SCHED_ADDR``, ``FF_HEALTH_ADDR`` (comma separated), ``FF_NATS_URL`` and ``FF_TOKEN`` (an empty value counts
    as unset);
 3. the local cluster that ``ff up`` recorded in a state dir: ``state_dir=`` (``--state-dir``),
    else ``FF_STATE_DIR``, else ``.ff`` in the working directory.  Its ``cluster.json`` gives the
@@ -42,11 +42,13 @@ ADDR_ENV: dict[str, str] = {
     "coord": "FF_COORD_ADDR",
     "ckpt": "FF_CKPT_ADDR",
     "sched": "FF_SCHED_ADDR",
+    "health": "FF_HEALTH_ADDR",
     "nats": "FF_NATS_URL",
 }
 SERVICES = tuple(ADDR_ENV)
 #: the process name ``ff up`` records for each service (cluster.json ``processes[].name``)
-_RECORD_NAME = {"mgmtd": "mgmtd", "meta": "meta", "coord": "coord", "ckpt": "checkpoint", "sched": "scheduler"}
+_RECORD_NAME = {"mgmtd": "mgmtd", "meta": "meta", "coord": "coord", "ckpt": "checkpoint", "sched": "scheduler",
+                "health": "health"}
 
 #: how to point a client at a cluster (the tail of every NoClusterFound message)
 NO_CLUSTER_HELP = ("pass --state-dir DIR, set FF_STATE_DIR, run `ff up` here (.ff), "
@@ -73,6 +75,7 @@ class Cluster(msgspec.Struct, frozen=True, kw_only=True):
     coord: tuple[str, ...] = ()
     ckpt: tuple[str, ...] = ()
     sched: tuple[str, ...] = ()
+    health: tuple[str, ...] = ()
     nats: str | None = None
     token: str | None = None
     state_dir: str | None = None
@@ -109,7 +112,8 @@ def find_cluster(state_dir: str | os.PathLike[str] | None = None, *, env: Mappin
                  need: Iterable[str] = (), role: str = "user", live_only: bool = False,
                  mgmtd: str | Sequence[str] | None = None, meta: str | Sequence[str] | None = None,
                  coord: str | Sequence[str] | None = None, ckpt: str | Sequence[str] | None = None,
-                 sched: str | Sequence[str] | None = None, nats: str | None = None,
+                 sched: str | Sequence[str] | None = None, health: str | Sequence[str] | None = None,
+                 nats: str | None = None,
                  token: str | None = None) -> Cluster:
     """The cluster by the one precedence (arguments, ``FF_*``, the local cluster); see the module doc.
 
@@ -124,7 +128,7 @@ def find_cluster(state_dir: str | os.PathLike[str] | None = None, *, env: Mappin
     unknown = needed - set(SERVICES) - {"token"}
     if unknown:
         raise ValueError(f"find_cluster: unknown need {sorted(unknown)} (known: {', '.join(SERVICES)}, token)")
-    given = {"mgmtd": mgmtd, "meta": meta, "coord": coord, "ckpt": ckpt, "sched": sched}
+    given = {"mgmtd": mgmtd, "meta": meta, "coord": coord, "ckpt": ckpt, "sched": sched, "health": health}
     found: dict[str, tuple[str, ...]] = {}
     for svc, value in given.items():
         found[svc] = parse_addresses(value) or parse_addresses(environ.get(ADDR_ENV[svc]))
@@ -161,7 +165,7 @@ def find_cluster(state_dir: str | os.PathLike[str] | None = None, *, env: Mappin
                     if entry is not None:
                         tok = entry.token
     cluster = Cluster(mgmtd=found["mgmtd"], meta=found["meta"], coord=found["coord"], ckpt=found["ckpt"],
-                      sched=found["sched"], nats=nats_url, token=tok, state_dir=used_dir)
+                      sched=found["sched"], health=found["health"], nats=nats_url, token=tok, state_dir=used_dir)
     missing = sorted(n for n in needed if (not cluster.token if n == "token" else not cluster.first(n)))
     if missing:
         raise _no_cluster(missing, root, record_found, role)

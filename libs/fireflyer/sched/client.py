@@ -158,8 +158,9 @@ class SchedClient:
     async def nodes(self) -> list[pb.Node]:
         return list((await self._call("node", "List", pb.NodeListRequest())).nodes)
 
-    async def set_node_state(self, name: str, state: str, reason: str = "") -> pb.Node:
-        req = pb.SetNodeStateRequest(name=name, state=state, reason=reason)
+    async def set_node_state(self, name: str, state: str, reason: str = "", *, evict: bool = False) -> pb.Node:
+        """Enable or drain a node; ``evict`` (with drained) also stops the run holding it, which is requeued."""
+        req = pb.SetNodeStateRequest(name=name, state=state, reason=reason, evict=evict)
         return (await self._call("node", "SetState", req)).node
 
     async def register_node(self, request: pb.RegisterNodeRequest) -> pb.RegisterNodeReply:

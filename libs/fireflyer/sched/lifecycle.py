@@ -8,8 +8,8 @@ ask for after the commit.  The order of a preemption (HAI's interrupt protocol, 
    INTERRUPT stop bit; the service sends the suspend flag to *every* node of the run;
 3. :func:`report` records the runtime's acknowledgement (RECEIVED) or ``go_suspend`` (CAN_SUSPEND)
    and the ranks' exits;
-4. :func:`stop_due` says when the agents must stop it: at once for a user's stop, a failed rank or
-   ``go_suspend``; after ``grace_ack_s`` for an unacknowledged interrupt; after ``grace_final_s``
+4. :func:`stop_due` says when the agents must stop it: at once for a user's stop, a failed rank,
+   an evicting drain (HOOK_RESTART) or ``go_suspend``; after ``grace_ack_s`` for an unacknowledged interrupt; after ``grace_final_s``
    past the acknowledgement; the agents get ``grace_final_s`` between SIGTERM and SIGKILL;
 5. once every rank has ended, :func:`finish` ends the run and, per
    :func:`~fireflyer.sched.model.should_requeue`, makes the chain's next run: same chain, same place
@@ -125,7 +125,8 @@ def stop_due(rec: RunRecord, now: float, config: SchedConfig) -> float | None:
     if not t.running or rec.stop_sent_at is not None:
         return None
     final = grace_final(rec, config)
-    if t.stop_code & (StopCode.MANUAL_STOP | _USER_FAILURE | StopCode.UNSCHEDULABLE | StopCode.NODE_LOST):
+    if t.stop_code & (StopCode.MANUAL_STOP | _USER_FAILURE | StopCode.UNSCHEDULABLE | StopCode.NODE_LOST
+                      | StopCode.HOOK_RESTART):
         return final
     if t.suspend_code == SuspendCode.CAN_SUSPEND:
         return 0.0

@@ -4,6 +4,7 @@ gets no tasks."""
 
 from __future__ import annotations
 
+import pytest
 from sched_harness import spec
 
 
@@ -123,3 +124,43 @@ def test_a_run_whose_start_was_lost_can_still_be_stopped(sched) -> None:  # type
     assert sorted((r.node, r.state) for r in end.runs[0].ranks) == [("n1", "stopped"), ("n2", "stopped")]
     assert all(n.task == 0 for n in h.run(alice.nodes()))
     assert [r.exit_code for r in end.runs[0].ranks] == [-15, -1]
+
+
+def test_a_service_drain_with_evict_requeues_the_run_elsewhere(sched) -> None:  # type: ignore[no-untyped-def]
+    """The health service (role service) drains a faulty node with evict: the run holding it is stopped
+    with HOOK_RESTART and its chain requeued (not finished) onto a healthy node; a user may not drain."""
+    from fireflyer.core.errors import InvalidArgument, PermissionDenied
+
+    h = sched()
+    for name in ("n1", "n2"):
+        h.register(name)
+    alice, health = h.client("alice"), h.client("svc-other")
+    tid = h.run(alice.submit(spec(nodes=1))).chain_id
+    first = h.wait_chain(tid, lambda c: c.runs[-1].chain_status == "running" and c.runs[-1].ranks, "running").runs[-1]
+    bad = first.nodes[0]
+    good = "n2" if bad == "n1" else "n1"
+    with pytest.raises(PermissionDenied):
+        h.run(alice.set_node_state(bad, "drained", "I do not like it"))
+    with pytest.raises(InvalidArgument):
+        h.run(health.set_node_state(bad, "enabled", "", evict=True))
+    node = h.run(health.set_node_state(bad, "drained", "xid 79: GPU fell off the bus", evict=True))
+    assert node.state == "drained"
+    again = h.wait_chain(tid, lambda c: len(c.runs) == 2 and c.runs[-1].chain_status == "running"
+                         and c.runs[-1].ranks, "the chain requeued and running on the other node")
+    assert "HOOK_RESTART" in again.runs[0].stop_reasons and again.runs[0].chain_status == "finished"
+    assert list(again.runs[1].nodes) == [good] and again.runs[1].restart_count == 1
+    assert "xid 79" in again.runs[0].reason
+    nodes = {n.name: n for n in h.run(alice.nodes())}
+    assert nodes[bad].task == 0 and nodes[bad].state == "drained"
+
+
+def test_a_drain_without_evict_lets_the_run_finish(sched) -> None:  # type: ignore[no-untyped-def]
+    h = sched()
+    h.register("n1")
+    alice, health = h.client("alice"), h.client("svc-other")
+    tid = h.run(alice.submit(spec(nodes=1))).chain_id
+    run = h.wait_chain(tid, lambda c: c.runs[-1].chain_status == "running" and c.runs[-1].ranks, "running").runs[-1]
+    h.run(health.set_node_state("n1", "drained", "periodic validation"))
+    h.run(h.agents.exit_all(run.id, 0))
+    done = h.wait_chain(tid, lambda c: c.runs[-1].chain_status == "finished", "the chain finished")
+    assert len(done.runs) == 1 and done.runs[0].slurm_state == "COMPLETED"

@@ -77,7 +77,7 @@ def test_everything_from_env_does_not_read_the_state_dir(tmp_path: Path) -> None
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "cluster.json").write_text("{not json")
-    env = {"FF_STATE_DIR": str(bad), **{f"FF_{s}_ADDR": "x:1" for s in ("MGMTD", "META", "COORD", "CKPT", "SCHED")},
+    env = {"FF_STATE_DIR": str(bad), **{f"FF_{s}_ADDR": "x:1" for s in ("MGMTD", "META", "COORD", "CKPT", "SCHED", "HEALTH")},
            "FF_NATS_URL": "nats://x:2", "FF_TOKEN": "t"}
     c = find_cluster(env=env, need=("meta", "token"))
     assert c.state_dir is None and c.token == "t"

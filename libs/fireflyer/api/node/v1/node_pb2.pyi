@@ -229,3 +229,41 @@ class LogChunk(_message.Message):
     data: bytes
     eof: bool
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ...) -> None: ...
+
+class ValidateRequest(_message.Message):
+    __slots__ = ("level", "baseline", "baseline_fraction", "inject", "plan_json", "spec_json")
+    class BaselineEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class InjectEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    INJECT_FIELD_NUMBER: _ClassVar[int]
+    PLAN_JSON_FIELD_NUMBER: _ClassVar[int]
+    SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    level: int
+    baseline: _containers.ScalarMap[str, float]
+    baseline_fraction: float
+    inject: _containers.ScalarMap[str, str]
+    plan_json: bytes
+    spec_json: bytes
+    def __init__(self, level: _Optional[int] = ..., baseline: _Optional[_Mapping[str, float]] = ..., baseline_fraction: _Optional[float] = ..., inject: _Optional[_Mapping[str, str]] = ..., plan_json: _Optional[bytes] = ..., spec_json: _Optional[bytes] = ...) -> None: ...
+
+class ValidateReply(_message.Message):
+    __slots__ = ("report_json", "node")
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    report_json: bytes
+    node: str
+    def __init__(self, report_json: _Optional[bytes] = ..., node: _Optional[str] = ...) -> None: ...

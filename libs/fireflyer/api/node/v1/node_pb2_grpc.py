@@ -69,6 +69,11 @@ class NodeAgentStub:
                 request_serializer=fireflyer_dot_api_dot_node_dot_v1_dot_node__pb2.TailLogRequest.SerializeToString,
                 response_deserializer=fireflyer_dot_api_dot_node_dot_v1_dot_node__pb2.LogChunk.FromString,
                 _registered_method=True)
+        self.Validate = channel.unary_unary(
+                '/ff.node.v1.NodeAgent/Validate',
+                request_serializer=fireflyer_dot_api_dot_node_dot_v1_dot_node__pb2.ValidateRequest.SerializeToString,
+                response_deserializer=fireflyer_dot_api_dot_node_dot_v1_dot_node__pb2.ValidateReply.FromString,
+                _registered_method=True)
 
 
 class NodeAgentServicer:
@@ -120,6 +125,16 @@ class NodeAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Validate(self, request, context):
+        """run the validator's checks (fireflyer.health.checks.run_level) on this node, in a worker
+        thread, against the baseline given, and answer every result with its evidence (role service or
+        admin: the health service calls it).  One validation at a time per node: a second one while one
+        runs -> FAILED_PRECONDITION.  A level or injection the runner does not know -> INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -157,6 +172,11 @@ def add_NodeAgentServicer_to_server(servicer, server):
                     servicer.TailLog,
                     request_deserializer=fireflyer_dot_api_dot_node_dot_v1_dot_node__pb2.TailLogRequest.FromString,
                     response_serializer=fireflyer_dot_api_dot_node_dot_v1_dot_node__pb2.LogChunk.SerializeToString,
+            ),
+            'Validate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Validate,
+                    request_deserializer=fireflyer_dot_api_dot_node_dot_v1_dot_node__pb2.ValidateRequest.FromString,
+                    response_serializer=fireflyer_dot_api_dot_node_dot_v1_dot_node__pb2.ValidateReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -348,6 +368,33 @@ class NodeAgent:
             '/ff.node.v1.NodeAgent/TailLog',
             fireflyer_dot_api_dot_node_dot_v1_dot_node__pb2.TailLogRequest.SerializeToString,
             fireflyer_dot_api_dot_node_dot_v1_dot_node__pb2.LogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Validate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ff.node.v1.NodeAgent/Validate',
+            fireflyer_dot_api_dot_node_dot_v1_dot_node__pb2.ValidateRequest.SerializeToString,
+            fireflyer_dot_api_dot_node_dot_v1_dot_node__pb2.ValidateReply.FromString,
             options,
             channel_credentials,
             insecure,

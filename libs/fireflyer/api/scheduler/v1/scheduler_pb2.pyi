@@ -219,14 +219,16 @@ class NodeListReply(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ...) -> None: ...
 
 class SetNodeStateRequest(_message.Message):
-    __slots__ = ("name", "state", "reason")
+    __slots__ = ("name", "state", "reason", "evict")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    EVICT_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     reason: str
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    evict: bool
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., evict: _Optional[bool] = ...) -> None: ...
 
 class NodeReply(_message.Message):
     __slots__ = ("node",)

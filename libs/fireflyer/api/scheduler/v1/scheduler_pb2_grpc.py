@@ -446,7 +446,7 @@ class NodeServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetState(self, request, context):
-        """enable, or drain with a reason (admin)
+        """enable, or drain with a reason (admin, or service: the health service drains faulty nodes)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

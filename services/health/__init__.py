@@ -1,0 +1,1 @@
+"""The health service: node health states, validation scheduling, incidents (docs/health.md)."""

@@ -1,0 +1,170 @@
+"""The health service: settings (``FF_HEALTH_*``) and wiring onto the standard runtime.
+
+    python -m services.health        # FF_HEALTH_KV_URL=sqlite:///... (default <state_dir>/health.db)
+
+It keeps each node's health state, baseline, validations and incidents in the KV; validates nodes
+on their agents (``NodeAgent.Validate``) periodically (level 3, ``periodic_interval_s``, default
+weekly), before a drained node rejoins (level 2) and on demand (``ff health validate``); acts on
+incidents other detectors report (:meth:`~services.health.core.HealthCore.report_incident`, or the
+``ReportIncident`` RPC): drains the blamed node at the scheduler (its run requeued elsewhere),
+validates it once free and enables it again if it passes.  Drains and enables go through the
+scheduler's ``NodeService.SetState`` with this service's own credential (``FF_TOKEN``, role
+service); the scheduler and the agents are found through ``FF_SCHED_ADDR`` (``ff up`` passes it).
+
+Every state change is published as a :class:`~fireflyer.health.records.NodeVerdict` on JetStream
+subject ``ff.health.v1.node.<node>.verdict`` (stream ``FF_HEALTH``) through an outbox
+(``<state_dir>/<instance>.outbox.db``), so a change made while NATS is away goes out once it is back.
+
+Replicas: run one.  Several would share the KV (PostgreSQL) and take turns as the scheduler's do
+(:mod:`services.scheduler.leader`, mgmtd's lease rules in :mod:`fireflyer.mgmt.lease`): every
+replica serves ListNodes / ListIncidents / GetIncident from the KV, and only the lease holder runs
+the tick loop, starts validations and performs drains, with every state change a KV transaction
+that re-reads the lease, so a deposed replica commits nothing.  That lease is not wired here yet:
+with one replica the per-node locks in the core are the only serialization needed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from fireflyer.api.health.v1 import health_pb2_grpc as pb_grpc
+from fireflyer.bus.outbox import Outbox
+from fireflyer.core.config import ServiceSettings
+from fireflyer.core.errors import FireFlyerError, SettingsError
+from fireflyer.core.runtime import Service, ServiceContext, run_service
+from fireflyer.health.records import STREAM, STREAM_SUBJECTS, NodeVerdict, verdict_subject
+from fireflyer.health.states import INCIDENT_LEVEL
+from fireflyer.kv import KV, aopen_kv
+
+from .core import CoreConfig, HealthCore, plans_for
+from .ports import GrpcAgents, GrpcSched
+from .servicer import SERVICE_NAME, HealthServicer
+
+__all__ = ["HealthSection", "HealthSettings", "HealthService", "kv_url_for", "core_config", "main"]
+
+
+class HealthSection(msgspec.Struct, frozen=True, kw_only=True):
+    #: empty: sqlite:///<state_dir>/health.db
+    kv_url: str = ""
+    #: how often the nodes are looked at (drains that finished, validations due)
+    tick_s: float = 1.0
+    #: a healthy node gets a level-3 validation this long after its last one (0: never)
+    periodic_interval_s: float = 7 * 86400.0
+    #: periodic drains start only while fewer nodes than this are draining or validating
+    periodic_concurrency: int = 1
+    #: the level an incident's validation runs at before the node rejoins
+    incident_level: int = INCIDENT_LEVEL
+    #: a throughput under this fraction of the node's baseline fails its check
+    baseline_fraction: float = 0.5
+    #: check sizes: full (the runner's DCGM-like levels: seconds, minutes, hours) or quick (seconds: local clusters)
+    sizes: str = "full"
+    #: how long one validation may run on the agent
+    validate_timeout_s: float = 7200.0
+    #: how long one attempt to publish a verdict waits for JetStream's ack (the outbox retries)
+    publish_timeout_s: float = 2.0
+
+
+class HealthSettings(ServiceSettings, frozen=True, kw_only=True):
+    health: HealthSection = msgspec.field(default_factory=HealthSection)
+
+
+def kv_url_for(settings: HealthSettings) -> str:
+    return settings.health.kv_url or f"sqlite:///{Path(settings.state_dir).absolute() / 'health.db'}"
+
+
+def outbox_path(settings: HealthSettings, instance: str) -> Path:
+    """``<state_dir>/<instance>.outbox.db``: verdicts not yet acked by JetStream."""
+    return Path(settings.state_dir).absolute() / f"{instance}.outbox.db"
+
+
+def core_config(settings: HealthSettings) -> CoreConfig:
+    """Validated settings; a bad value fails start-up naming the key."""
+    h = settings.health
+    for key in ("tick_s", "validate_timeout_s", "publish_timeout_s"):
+        if not getattr(h, key) > 0:
+            raise SettingsError(f"health.{key} must be positive, got {getattr(h, key)}", key=f"health.{key}",
+                                expected="float > 0")
+    if h.periodic_interval_s < 0:
+        raise SettingsError(f"health.periodic_interval_s must be >= 0, got {h.periodic_interval_s}",
+                            key="health.periodic_interval_s", expected="float >= 0 (0: never)")
+    if h.periodic_concurrency < 1:
+        raise SettingsError(f"health.periodic_concurrency must be >= 1, got {h.periodic_concurrency}",
+                            key="health.periodic_concurrency", expected="int >= 1")
+    if h.incident_level not in (1, 2, 3):
+        raise SettingsError(f"health.incident_level must be 1, 2 or 3, got {h.incident_level}",
+                            key="health.incident_level", expected="1, 2 or 3")
+    if not 0 < h.baseline_fraction <= 1:
+        raise SettingsError(f"health.baseline_fraction must be in (0, 1], got {h.baseline_fraction}",
+                            key="health.baseline_fraction", expected="float in (0, 1]")
+    try:
+        plans = plans_for(h.sizes)
+    except FireFlyerError as e:
+        raise SettingsError(str(e), key="health.sizes", expected="full or quick") from e
+    return CoreConfig(tick_s=h.tick_s, periodic_interval_s=h.periodic_interval_s,
+                      periodic_concurrency=h.periodic_concurrency, incident_level=h.incident_level,
+                      baseline_fraction=h.baseline_fraction, plans=plans, validate_timeout_s=h.validate_timeout_s)
+
+
+class HealthService(Service):
+    """Fire-Flyer health service (health)."""
+
+    name = "health"
+    settings_type = HealthSettings
+
+    def __init__(self, settings: Any) -> None:
+        super().__init__(settings)
+        self.kv: KV | None = None
+        self.core: HealthCore | None = None
+        self._sched: GrpcSched | None = None
+        self._agents: GrpcAgents | None = None
+        self._outbox: Outbox | None = None
+        self._ctx: ServiceContext | None = None
+
+    async def start(self, ctx: ServiceContext) -> None:
+        settings: HealthSettings = self.settings  # type: ignore[assignment]
+        cfg = core_config(settings)
+        self._ctx = ctx
+        sched_addr = os.environ.get("FF_SCHED_ADDR", "")
+        if not sched_addr:
+            raise SettingsError("the health service needs the scheduler: set FF_SCHED_ADDR (ff up sets it)",
+                                key="FF_SCHED_ADDR", expected="host:port[,host:port]")
+        if ctx.bus is not None:
+            await ctx.bus.ensure_stream(STREAM, STREAM_SUBJECTS)
+            self._outbox = Outbox(ctx.bus, path=outbox_path(settings, ctx.instance),
+                                  name=f"{ctx.instance}-verdicts", attempt_timeout_s=settings.health.publish_timeout_s)
+            await self._outbox.start()
+        else:
+            ctx.log.warning("health.no_nats", note="verdicts are not published (nats.url is empty)")
+        self.kv = await aopen_kv(kv_url_for(settings))
+        token = settings.token or ""
+        self._sched = GrpcSched(sched_addr, token=token)
+        self._agents = GrpcAgents(token=token)
+        self.core = HealthCore(cfg, kv=self.kv, sched=self._sched, agents=self._agents, clock=ctx.clock,
+                               log=ctx.log, publish=self._publish)
+        ctx.add_servicer(pb_grpc.add_HealthServiceServicer_to_server, HealthServicer(self.core), SERVICE_NAME)
+        ctx.spawn(self.core.loop(), name="health-tick")
+        ctx.log.info("health.starting", kv=kv_url_for(settings).split("@")[-1], sched=sched_addr,
+                     periodic_interval_s=cfg.periodic_interval_s, sizes=settings.health.sizes)
+
+    def _publish(self, verdict: NodeVerdict) -> None:
+        if self._outbox is not None:
+            self._outbox.append(verdict_subject(verdict.node), verdict)
+
+    async def stop(self) -> None:
+        if self.core is not None:
+            await self.core.stop()
+        if self._outbox is not None:
+            await self._outbox.stop(drain_s=2.0)
+        for port in (self._sched, self._agents):
+            if port is not None:
+                await port.close()
+        if self.kv is not None:
+            self.kv.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_service(HealthService, argv)
