@@ -97,7 +97,9 @@ WATCH_S = 0.1
 #: did not arrive (it fails exactly at the deadline, with the precise reason) aborts the
 #: other nodes before their engines time out with the vaguer "node N sent nothing"
 ENGINE_SLACK_S = 0.5
-KINDS = ("allreduce", "reduce", "broadcast", "barrier")
+KINDS = ("allreduce", "reduce", "broadcast", "barrier", "allgather", "reduce_scatter")
+#: the ops with an output buffer apart from their input (Submit.out_seg)
+PAIRED = ("allgather", "reduce_scatter")
 
 
 class RankConn:
@@ -441,11 +443,14 @@ class NodeComm:
         fp = self._fingerprint(seq, s0, dtype)
         if self.express is not None:  # (the peer must not have sent this op express: a mismatch)
             self.express.engine_op(seq, fp)
+        outs = self._out_views(seq, ordered, dtype) if s0.kind in PAIRED else []
         plan = OpPlan(kind=s0.kind, op=s0.op, dtype=dtype, count=s0.count, views=views,
                       world_size=self.world_size, root_local=root_local,
-                      chunk_bytes=self.worker.chunk_bytes, threads=self.worker.threads)
+                      chunk_bytes=self.worker.chunk_bytes, threads=self.worker.threads, outs=outs,
+                      ranks=[self.global_rank[r] for r in range(self.K)], node_rank=self.node_rank,
+                      nnodes=self.nnodes)
         if rec is not None:
-            rec.nbytes = s0.count * dtype.itemsize
+            rec.nbytes = max(s0.count, s0.out_count) * dtype.itemsize
         timeout = s0.timeout_s or self.timeout_s
         start = max(min(m for _, _, m in subs.values()), self._prev_end)
         deadline_s = max(0.1, start + timeout + ENGINE_SLACK_S - time.monotonic())
@@ -509,6 +514,35 @@ class NodeComm:
             if seg is None:
                 raise HFReduceError(f"{conn.label()} submitted op #{seq} on unknown segment {sub.seg}", seq=seq)
             views.append(seg.array(kernels.dtype_from_name(sub.dtype), sub.count, sub.offset))
+        return views
+
+    def _out_views(self, seq: int, ordered: list[Submit], dtype: np.dtype) -> list[np.ndarray]:
+        """Each local rank's output buffer of allgather / reduce_scatter ``seq``, its size checked
+        against the input's and the world size (the client checks it too, before it submits)."""
+        s0 = ordered[0]
+        want = s0.count * self.world_size if s0.kind == "allgather" else s0.count // self.world_size
+        if s0.kind == "reduce_scatter" and s0.count % self.world_size:
+            raise InvalidArgument(f"{s0.kind}#{seq}: the input's {s0.count} elements are not a multiple of the "
+                                  f"world size {self.world_size}", seq=seq, comm=self.key)
+        if s0.kind == "allgather" and self.nnodes > 1 and any(
+                self.global_rank[r] != self.node_rank * self.K + r for r in range(self.K)):
+            # (a node's ranks' blocks must be one contiguous range of the output: see opexec)
+            raise InvalidArgument(f"allgather across nodes needs global rank = node rank x {self.K} + local rank "
+                                  f"(as ff launch assigns them); node {self.node_rank} has ranks "
+                                  f"{[self.global_rank[r] for r in range(self.K)]}", seq=seq, comm=self.key)
+        views = []
+        for r, sub in enumerate(ordered):
+            if sub.out_count != want:
+                raise InvalidArgument(f"{self.conns[r].label()}: {s0.kind}#{seq} output has {sub.out_count} "
+                                      f"elements, expected {want}", seq=seq, comm=self.key)
+            if want == 0:
+                views.append(np.empty(0, dtype))
+                continue
+            seg = self.conns[r].segments.get(sub.out_seg)
+            if seg is None:
+                raise HFReduceError(f"{self.conns[r].label()} submitted op #{seq} on unknown segment "
+                                    f"{sub.out_seg}", seq=seq)
+            views.append(seg.array(dtype, want, sub.out_offset))
         return views
 
     def _tell_ranks(self, seq: int, ordered: list[Submit]) -> None:
@@ -579,6 +613,8 @@ class NodeComm:
         kind = s0.kind
         if kind == "broadcast":
             op, named, count = "copy", dtype, s0.count
+        elif kind in PAIRED:  # (the input's count: the output's follows from it and the world size)
+            op, named, count = ("gather" if kind == "allgather" else s0.op), dtype, s0.count
         else:
             op, wdt, count = wire_layout(kind, s0.op, dtype, s0.count)
             named = dtype if kind in ("allreduce", "reduce") else wdt
@@ -778,10 +814,10 @@ class _Closing(Exception):
 
 
 def _nbytes(sub: Submit) -> int:
-    if sub.kind == "barrier" or sub.count <= 0:
+    if sub.kind == "barrier" or max(sub.count, sub.out_count) <= 0:
         return 0
     try:
-        return sub.count * kernels.dtype_from_name(sub.dtype).itemsize
+        return max(sub.count, sub.out_count) * kernels.dtype_from_name(sub.dtype).itemsize
     except FireFlyerError:
         return 0  # the op fails on its dtype wherever it runs
 
