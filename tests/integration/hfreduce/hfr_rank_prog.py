@@ -249,6 +249,31 @@ def _run(mode: str, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
         _mark()
         comm.allreduce(np.ones(10, np.float32))
         return {}
+    if mode == "sleep_allgather":  # as "sleep", with an allgather beyond the express size
+        x = np.full(BEYOND_EXPRESS, comm.rank, np.float32)
+        out = np.empty(BEYOND_EXPRESS * comm.world_size, np.float32)
+        comm.allgather(out, x)
+        assert np.array_equal(out, np.repeat(np.arange(comm.world_size, dtype=np.float32), BEYOND_EXPRESS))
+        if comm.rank == args.victim:
+            time.sleep(args.sleep_s)
+        _mark()
+        comm.allgather(out, x)
+        return {}
+    if mode == "gatherloop":  # large allgathers and reduce_scatters back to back until one fails
+        n = LARGE // 4 // comm.world_size  # 4 MiB of output each
+        x = comm.empty(n, np.float32)
+        out = comm.empty(n * comm.world_size, np.float32)
+        for i in range(100_000):
+            x[...] = comm.rank + i
+            _mark()
+            comm.allgather(out, x)
+            assert out[0] == i and out[-1] == comm.world_size - 1 + i, (i, out[0], out[-1])
+            _mark()
+            comm.reduce_scatter(x, out, op="max")
+            assert x[0] == comm.rank + i and x[-1] == x[0], (i, x[0])  # (every rank gathered the same)
+            if i == 2:
+                _say(f"gathering rank={comm.rank}")
+        return {}
     if mode == "victim":  # the victim never submits; the test kills it (or the worker)
         comm.allreduce(np.ones(10, np.float32))
         _say(f"submitting rank={comm.rank}")
