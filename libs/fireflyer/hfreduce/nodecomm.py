@@ -47,7 +47,7 @@ from ._op import fp_wire
 from .errors import CollectiveTimeout, FingerprintMismatch, HFReduceError, PeerLost
 from .express import ExpressBase, XOp
 from .express import eligible as express_eligible
-from .opexec import OpPlan, _WorkBuffers, broadcast_words, execute, may_post, wire_layout
+from .opexec import OpPlan, _WorkBuffers, broadcast_words, execute, may_post, scatter_into, wire_layout
 from .protocol import Channel, Done, Failed, Hello, Submit, encode
 from .settings import WorkerSettings
 from .shm import Segment
@@ -588,7 +588,14 @@ class NodeComm:
             rec.phase = "exchange"
             rec.nbytes = 0 if s0.kind == "barrier" else s0.count * kernels.dtype_from_name(s0.dtype).itemsize
         op.local_s = local_s
-        op.ctx = (ordered, rec)
+        scatter = None
+        if s0.kind == "reduce_scatter":  # the whole result lands in ``ours``: each rank's slice from it
+            outs, ranks = self._out_views(seq, ordered, kernels.dtype_from_name(s0.dtype)), \
+                [self.global_rank[r] for r in range(self.K)]
+
+            def scatter(x: XOp) -> None:
+                scatter_into(outs, ranks, s0.count // self.world_size, x.ours, 0, s0.count)
+        op.ctx = (ordered, rec, scatter)
         timeout = s0.timeout_s or self.timeout_s
         start = max(min(m for _, _, m in subs.values()), self._prev_end)
         with self._lock:
@@ -655,10 +662,10 @@ class NodeComm:
         narrow = carried != dtype
         redop = "sum" if s0.op == "avg" else s0.op
         divisor = self.world_size if s0.op == "avg" else 1
-        if kind == "reduce":
+        if kind in ("reduce", "reduce_scatter"):  # (a reduce_scatter's slices: _express_done scatters them)
             ours = self.scratch.get(carried, s0.count)
             kernels.reduce_into(ours, views, redop, threads=1)
-            out = [views[root]] if root is not None else []
+            out = [views[root]] if root is not None and kind == "reduce" else []
             return XOp(seq, fpw, ours, out, narrow=narrow, redop=redop, divisor=divisor, on_done=done)
         ours = self.scratch.get(carried, s0.count) if narrow else views[0]
         if narrow or self.K > 1:  # our partial: the ranks' reduce (into rank 0's buffer when it can)
@@ -669,7 +676,7 @@ class NodeComm:
         """Express op ``op`` is in every rank's buffer (on the thread that finished it): record,
         release, and run the next op if its ranks are all in and it may run here."""
         seq = op.seq
-        ordered, rec = op.ctx
+        ordered, rec, scatter = op.ctx
         with self._lock:
             if self.error is not None:
                 return  # failed meanwhile: the ranks have the error
@@ -678,6 +685,11 @@ class NodeComm:
             assert self.express is not None
             rec.local_reduce_s, rec.tree_s = op.local_s, time.monotonic() - op.t0
             rec.stats = self.express.stats(op)
+        if scatter is not None:
+            with self._failing_on_error():
+                scatter(op)
+            if self.error is not None:
+                return
         if self.worker.tracing:
             self.worker.span_after(self, ordered[0], seq, op.started_at, rec)
         self._tell_ranks(seq, ordered)

@@ -77,7 +77,7 @@ from ._op import Fuse
 from .copies import copy_into
 from .types import Fingerprint, OpStats, PeerStats, TreeStats
 
-__all__ = ["OpPlan", "broadcast_words", "execute", "may_post", "wire_layout"]
+__all__ = ["OpPlan", "broadcast_words", "execute", "may_post", "scatter_into", "wire_layout"]
 
 _I32 = np.dtype(np.int32)
 
@@ -450,11 +450,14 @@ def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s:
 
 
 def _scatter_into(plan: OpPlan, work: np.ndarray, a: int, b: int) -> None:
+    scatter_into(plan.outs, plan.ranks, plan.count // plan.world_size, work, a, b)
+
+
+def scatter_into(outs: Sequence[np.ndarray], ranks: Sequence[int], m: int, work: np.ndarray, a: int, b: int) -> None:
     """A reduce_scatter's write-back of final range ``[a, b)`` of ``work`` (the whole reduced buffer):
     each local rank gets the part of it that lies in its slice ``[g*m, (g+1)*m)`` (``g`` its global
     rank, ``m`` its output's size), rounded to its dtype if ``work`` carries float32 partials."""
-    m = plan.count // plan.world_size
-    for out, g in zip(plan.outs, plan.ranks, strict=True):
+    for out, g in zip(outs, ranks, strict=True):
         lo, hi = max(a, g * m), min(b, (g + 1) * m)
         if lo >= hi:
             continue
