@@ -38,6 +38,15 @@ Data path per op (``K`` local ranks, ``n`` nodes, chunk = ``chunk_bytes``)::
   allreduce that way, moving twice the bytes: 64 MiB on the thirty-ninth VM, launches of the two
   alternating, 2 x 1 15.0-41.5 ms against 46.3-53.3, 4 x 1 40.9-51.9 against 77.3-92.4, 2 x 4
   23.3-58.5 against 35.1-58.3 (faster in 5 of 7), 3 x 2 36.2-65.8 against 53.9-78.0.
+* **allgather** (ranks' inputs ``views``, outputs ``outs``): a local gather, then across ``N`` nodes
+  one engine broadcast per node of its ranks' contiguous block, bit for bit; each node receives
+  ``(N-1)/N`` of the output and sends as much on average (:func:`_allgather` says why not a ring).
+* **reduce_scatter** is the allreduce of the input -- the same path (express, streamed trees or
+  ring, fill/fuse), the same reduction order, so the same bits as ``allreduce`` then slicing --
+  into scratch (the inputs stay as they are), and the write-back copies each rank's slice
+  (:func:`scatter_into`).  Bytes: an allreduce's, ``2(N-1)/N`` of the input per node, twice a ring
+  reduce-scatter's: bit-identity with the allreduce needs its up pass to the tree roots whole, and
+  only the down pass could be trimmed to each slice's node (not done).
 * **barrier** is a one-element int32 sum when there is more than one node; locally the
   arrival wait already is the barrier.
 
