@@ -17,14 +17,12 @@ Ops:
 - ``allreduce`` (sum, avg, max, min), ``allreduce_coalesced``, ``broadcast``,
   ``reduce``, ``barrier``: HFReduce's own collectives;
 - ``allgather`` / ``all_gather_single`` (``all_gather``, ``all_gather_into_tensor``) and
-  ``reduce_scatter`` / ``reduce_scatter_single`` (``reduce_scatter_tensor``), built from
-  HFReduce's primitives.  From ``FANOUT_MIN_BYTES`` (64 KiB) per rank: one broadcast per rank
-  (rank r's slice from root r) / one reduce per rank (slice r reduced to rank r), which moves
-  the bytes a native collective would, in ``world`` ops.  Below it: one allgather as a
-  sum-allreduce of a zeroed ``world x n`` buffer holding this rank's slice (exact: x + 0 = x,
-  only -0.0 comes back as +0.0), one reduce-scatter as an allreduce of the whole input: one op,
-  ``world`` times the bytes.  Native ``comm.allgather`` / ``comm.reduce_scatter`` in HFReduce (one
-  op, pipelined across the trees) are the next step (issue 50 item 1);
+  ``reduce_scatter`` / ``reduce_scatter_single`` (``reduce_scatter_tensor``): HFReduce's native
+  ``comm.allgather`` / ``comm.reduce_scatter``, one op each (the list forms through one flat
+  buffer).  The allgather is bit-exact for every dtype (-0.0, NaN payloads) and each node receives
+  the other nodes' shares once; the reduce-scatter's values are bit for bit those of an allreduce
+  followed by slicing (:mod:`fireflyer.hfreduce.opexec` says how, and what bytes each moves).
+  Inputs are left as they are;
 - everything else (send / recv, alltoall, gather, scatter, PRODUCT / BAND ... reduce ops)
   raises :class:`~fireflyer.core.errors.Unimplemented` naming the op.
 
@@ -49,9 +47,6 @@ from fireflyer.core.errors import InvalidArgument, Unimplemented
 __all__ = ["BACKEND", "HFReduceProcessGroup", "HFReduceWork", "register"]
 
 BACKEND = "hfreduce"
-#: allgather / reduce-scatter of at least this many bytes per rank go out as one broadcast / reduce
-#: per rank (the bytes of a native one, world ops); smaller ones as one allreduce (one op)
-FANOUT_MIN_BYTES = 64 << 10
 
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min"}
 
@@ -208,35 +203,12 @@ class HFReduceProcessGroup(ProcessGroup):
     def barrier(self, opts: Any = None) -> Work:
         return HFReduceWork([self.comm.barrier(async_op=True)], [])
 
-    # -- built from HFReduce's primitives (see the module docs for their cost) -----------------------
+    # -- the sharded-training pair: HFReduce's native allgather / reduce_scatter ------------------------
 
-    def _fan_out(self, n: int, itemsize: int) -> bool:
-        """One op per rank (broadcasts / reduces) rather than one allreduce of everything?"""
-        return self._size > 1 and n * itemsize >= FANOUT_MIN_BYTES
-
-    def _gather_into(self, out_flat: torch.Tensor, inp: torch.Tensor, where: str) -> list[Any]:
-        """Fill ``out_flat`` (world x n) with every rank's ``inp``: submit the ops, return their works."""
-        n = inp.numel()
-        if out_flat.numel() != n * self._size:
-            raise InvalidArgument(f"{where}: output holds {out_flat.numel()} elements, expected world size "
-                                  f"{self._size} x {n}", collective=where)
-        if self._fan_out(n, inp.element_size()):
-            # rank r broadcasts its slice: each rank receives (world - 1) x n, as from a native allgather
-            out_flat[self._rank * n:(self._rank + 1) * n].copy_(inp.reshape(-1))
-            return [self.comm.broadcast(out_flat[r * n:(r + 1) * n], root=r, async_op=True)
-                    for r in range(self._size)]
-        # small: one sum-allreduce of a zeroed buffer holding this rank's slice (one op, not world)
-        out_flat.zero_()
-        out_flat[self._rank * n:(self._rank + 1) * n].copy_(inp.reshape(-1))
-        return [self.comm.allreduce(out_flat, op="sum", async_op=True)]
-
-    def _scatter_reduce(self, flat: torch.Tensor, n: int, op: str) -> list[Any]:
-        """Reduce ``flat`` (world x n, this rank's copy: overwritten) so that slice r is reduced at rank r."""
-        if self._fan_out(n, flat.element_size()):
-            # slice r reduced to rank r only: each rank receives n, as from a native reduce-scatter
-            return [self.comm.reduce(flat[r * n:(r + 1) * n], root=r, op=op, async_op=True)
-                    for r in range(self._size)]
-        return [self.comm.allreduce(flat, op=op, async_op=True)]
+    def _flat_out(self, output: torch.Tensor, where: str) -> torch.Tensor:
+        """``output`` as the flat buffer the op writes (a view: it must be contiguous)."""
+        _contiguous(output, where)
+        return output.reshape(-1)
 
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts: Any = None) -> Work:
@@ -246,7 +218,7 @@ class HFReduceProcessGroup(ProcessGroup):
                 raise InvalidArgument(f"allgather: {len(outs)} output tensors for world size {self._size}",
                                       collective="allgather")
             flat = torch.empty(inp.numel() * self._size, dtype=inp.dtype)
-            works += self._gather_into(flat, inp, "allgather")
+            works.append(self.comm.allgather(flat, inp.contiguous().reshape(-1), async_op=True))
             finishes.append((flat, outs, inp.numel()))
 
         def finish() -> None:
@@ -257,39 +229,28 @@ class HFReduceProcessGroup(ProcessGroup):
         return HFReduceWork(works, [t for outs in output_tensors for t in outs], finish)
 
     def all_gather_single(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Work:
-        _contiguous(output, "all_gather_into_tensor")
-        return HFReduceWork(self._gather_into(output.reshape(-1), inp, "all_gather_into_tensor"), [output])
+        out = self._flat_out(output, "all_gather_into_tensor")
+        return HFReduceWork([self.comm.allgather(out, inp.contiguous().reshape(-1), async_op=True)], [output])
 
     _allgather_base = all_gather_single  # the name torch < 2.10 calls
 
     def reduce_scatter(self, output_tensors: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts: Any = None) -> Work:
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter")
-        works, finishes = [], []
+        works = []
         for out, ins in zip(output_tensors, input_lists, strict=True):
             if len(ins) != self._size or any(t.numel() != out.numel() for t in ins):
                 raise InvalidArgument(f"reduce_scatter: expected {self._size} inputs of {out.numel()} elements "
                                       f"(the output's), got {[t.numel() for t in ins]}", collective="reduce_scatter")
             flat = torch.cat([t.reshape(-1) for t in ins])
-            works += self._scatter_reduce(flat, out.numel(), op)
-            finishes.append((flat, out))
-
-        def finish() -> None:
-            for flat, out in finishes:
-                n = out.numel()
-                out.copy_(flat[self._rank * n:(self._rank + 1) * n].view(out.shape))
-
-        return HFReduceWork(works, output_tensors, finish)
+            works.append(self.comm.reduce_scatter(self._flat_out(out, "reduce_scatter"), flat, op=op, async_op=True))
+        return HFReduceWork(works, output_tensors)
 
     def reduce_scatter_single(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Work:
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter_tensor")
-        n = output.numel()
-        if inp.numel() != n * self._size:
-            raise InvalidArgument(f"reduce_scatter_tensor: input holds {inp.numel()} elements, expected world size "
-                                  f"{self._size} x {n}", collective="reduce_scatter_tensor")
-        flat = inp.reshape(-1).clone()  # the input stays as it was, as under other backends
-        return HFReduceWork(self._scatter_reduce(flat, n, op), [output],
-                            lambda: output.copy_(flat[self._rank * n:(self._rank + 1) * n].view(output.shape)))
+        out = self._flat_out(output, "reduce_scatter_tensor")
+        return HFReduceWork([self.comm.reduce_scatter(out, inp.contiguous().reshape(-1), op=op, async_op=True)],
+                            [output])
 
     _reduce_scatter_base = reduce_scatter_single  # the name torch < 2.10 calls
 

@@ -6,6 +6,8 @@
     w = comm.allreduce(t, async_op=True)        # numpy, CPU torch, CUDA (torch, numba) buffers
     w.wait(timeout=30); w.is_completed()
     comm.broadcast(x, root=0); comm.reduce(x, root=0); comm.barrier()
+    comm.allgather(out, x)                      # out[r*n:(r+1)*n] = rank r's x (n = x.size)
+    comm.reduce_scatter(out, x, op="sum")       # out = slice rank of the reduce of every rank's x
     comm.status()                               # recent and pending ops with their phases
     comm.close()
 
@@ -256,6 +258,27 @@ class Communicator:
         self._check_root(root)
         return self._collective("broadcast", x, "sum", root, async_op, timeout_s)
 
+    def allgather(self, out: Any, x: Any, async_op: bool = False, *, timeout_s: float | None = None) -> Any:
+        """Gather every rank's ``x`` into every rank's ``out``, bit for bit (any dtype, NaN payloads
+        and -0.0 included): rank ``r``'s ``x`` (``n`` elements) lands at ``out[r*n:(r+1)*n]`` (``out``
+        flattened: ``world_size * n`` elements, ``x``'s dtype).  ``x`` is left as it is.  Returns
+        ``out`` (or a Work).  How the worker moves the bytes: :mod:`.opexec` (each node receives the
+        other nodes' blocks once: ``(nodes - 1) / nodes`` of ``out`` per node)."""
+        self._check_pair("allgather", out, x)
+        return self._collective("allgather", x, "sum", -1, async_op, timeout_s, out=out)
+
+    def reduce_scatter(self, out: Any, x: Any, op: str = "sum", async_op: bool = False, *,
+                       timeout_s: float | None = None) -> Any:
+        """Reduce ``x`` (``world_size * n`` elements) over all ranks with ``op`` (as :meth:`allreduce`:
+        sum, avg, max, min) and give rank ``r`` slice ``r`` of the result in ``out`` (``n`` elements,
+        ``x``'s dtype).  ``x`` is left as it is.  The values are bit for bit those an
+        :meth:`allreduce` of ``x`` followed by slicing gives, for every dtype and op (the worker runs
+        the same reduction, in the same order; see :mod:`.opexec`).  Returns ``out`` (or a Work)."""
+        if op not in kernels.OPS:
+            raise InvalidArgument(f"unknown reduce op {op!r}; expected one of {', '.join(kernels.OPS)}")
+        self._check_pair("reduce_scatter", out, x)
+        return self._collective("reduce_scatter", x, op, -1, async_op, timeout_s, out=out)
+
     def barrier(self, async_op: bool = False, *, timeout_s: float | None = None) -> Any:
         """Return once every rank has called barrier (or return a Work)."""
         return self._collective("barrier", None, "sum", -1, async_op, timeout_s)
@@ -320,8 +343,36 @@ class Communicator:
         if not 0 <= root < self.world_size:
             raise InvalidArgument(f"root {root} out of range for world size {self.world_size}")
 
-    def _collective(self, kind: str, x: Any, op: str, root: int, async_op: bool, timeout_s: float | None) -> Any:
-        if kind in ("allreduce", "reduce") and op not in kernels.OPS:
+    def _describe(self, x: Any) -> tuple[int, np.dtype]:
+        """(element count, dtype) of a buffer the ops take, without touching the worker."""
+        if type(x) is not np.ndarray and is_cuda_array(x):
+            if self._cuda is None:
+                from .cuda import CudaStaging
+
+                self._cuda = CudaStaging()
+            dev, dt = self._cuda.device_array(x)
+            return dev.nbytes // dt.itemsize, dt
+        if isinstance(x, np.ndarray):
+            return x.size, kernels.dtype_from_name(x.dtype)
+        if type(x).__module__.startswith("torch"):
+            return int(x.numel()), torch_to_numpy_dtype(x.dtype)
+        raise InvalidArgument(f"HFReduce takes numpy arrays, torch tensors and CUDA arrays, not {type(x)}")
+
+    def _check_pair(self, kind: str, out: Any, x: Any) -> None:
+        """An allgather's or reduce_scatter's buffers agree (checked before anything is sent)."""
+        (nx, dx), (no, do) = self._describe(x), self._describe(out)
+        if dx != do:
+            raise InvalidArgument(f"{kind}: out has dtype {do}, x has {dx}; they must be the same", kind=kind)
+        want = (no, nx * self.world_size) if kind == "allgather" else (nx, no * self.world_size)
+        if want[0] != want[1]:
+            what = "out" if kind == "allgather" else "x"
+            raise InvalidArgument(f"{kind}: {what} must have world_size ({self.world_size}) x "
+                                  f"{nx if kind == 'allgather' else no} = {want[1]} elements, it has {want[0]}",
+                                  kind=kind)
+
+    def _collective(self, kind: str, x: Any, op: str, root: int, async_op: bool, timeout_s: float | None,
+                    out: Any = None) -> Any:
+        if kind in ("allreduce", "reduce", "reduce_scatter") and op not in kernels.OPS:
             raise InvalidArgument(f"unknown reduce op {op!r}; expected one of {', '.join(kernels.OPS)}")
         if self._broken is not None:
             raise self._broken
@@ -330,10 +381,22 @@ class Communicator:
         timeout = timeout_s or self.timeout_s
         finish: Callable[[], None] | None = None
         release: Callable[[], None] | None = None
+        out_seg, out_offset, out_count = -1, 0, 0
         if kind == "barrier":
             seg_id, offset, count, dtype = -1, 0, 0, "int32"
+        elif out is not None:  # allgather / reduce_scatter: x is only read, out only written
+            seg_id, offset, count, dtype, _, release = self._prepare(kind, x, root, writes_back=False)
+            try:
+                out_seg, out_offset, out_count, _, finish, release2 = self._prepare(kind, out, root, writes_back=True)
+            except BaseException:
+                if release:
+                    release()
+                raise
+            if release2 is not None:
+                release = release2 if release is None else _chain(release, release2)
         else:
             seg_id, offset, count, dtype, finish, release = self._prepare(kind, x, root)
+        result = x if out is None else out
         with self._lock:
             if self._broken is not None:
                 if release:
@@ -342,13 +405,14 @@ class Communicator:
             seq = self._seq
             self._seq += 1
             done = finish if release is None else _chain(finish, release)
-            work = Work(self, seq, kind, x, done, timeout)
+            work = Work(self, seq, kind, result, done, timeout)
             if not self._pending:
                 work.head_since = time.monotonic()
             self._pending[seq] = work
             try:
                 self._chan.send(Submit(seq=seq, kind=kind, op=op, dtype=dtype, count=count, seg=seg_id,
-                                       offset=offset, root=root, timeout_s=timeout, record=self.op_records))
+                                       offset=offset, root=root, timeout_s=timeout, record=self.op_records,
+                                       out_seg=out_seg, out_offset=out_offset, out_count=out_count))
             except OSError:
                 pass  # whoever reads next sees the EOF and fails the op naming the worker
         if async_op:
@@ -356,10 +420,12 @@ class Communicator:
             return work
         return work.wait()
 
-    def _prepare(self, kind: str, x: Any, root: int) -> tuple[int, int, int, str, Any, Any]:
+    def _prepare(self, kind: str, x: Any, root: int,
+                 writes_back: bool | None = None) -> tuple[int, int, int, str, Any, Any]:
         """Where the worker finds x: (seg, offset, count, dtype, finish, release)."""
-        writes_back = kind == "allreduce" or (kind == "reduce" and root == self.rank) or \
-            (kind == "broadcast" and root != self.rank)
+        if writes_back is None:
+            writes_back = kind == "allreduce" or (kind == "reduce" and root == self.rank) or \
+                (kind == "broadcast" and root != self.rank)
         if type(x) is not np.ndarray and is_cuda_array(x):
             if self._cuda is None:
                 from .cuda import CudaStaging

@@ -136,7 +136,9 @@ def eligible(kind: str, dtype: np.dtype, count: int) -> bool:
         return True
     if kind == "broadcast":
         return -(-count * dtype.itemsize // 4) * 4 <= EXPRESS_BYTES
-    return kind in ("allreduce", "reduce") and count * kernels.carried_dtype(dtype).itemsize <= EXPRESS_BYTES
+    # (a reduce_scatter as the allreduce of the same input would go: the same bits, see opexec)
+    return kind in ("allreduce", "reduce", "reduce_scatter") and \
+        count * kernels.carried_dtype(dtype).itemsize <= EXPRESS_BYTES
 
 
 class XOp:

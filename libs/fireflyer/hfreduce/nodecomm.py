@@ -47,7 +47,7 @@ from ._op import fp_wire
 from .errors import CollectiveTimeout, FingerprintMismatch, HFReduceError, PeerLost
 from .express import ExpressBase, XOp
 from .express import eligible as express_eligible
-from .opexec import OpPlan, _WorkBuffers, broadcast_words, execute, may_post, wire_layout
+from .opexec import OpPlan, _WorkBuffers, broadcast_words, execute, may_post, scatter_into, wire_layout
 from .protocol import Channel, Done, Failed, Hello, Submit, encode
 from .settings import WorkerSettings
 from .shm import Segment
@@ -97,7 +97,9 @@ WATCH_S = 0.1
 #: did not arrive (it fails exactly at the deadline, with the precise reason) aborts the
 #: other nodes before their engines time out with the vaguer "node N sent nothing"
 ENGINE_SLACK_S = 0.5
-KINDS = ("allreduce", "reduce", "broadcast", "barrier")
+KINDS = ("allreduce", "reduce", "broadcast", "barrier", "allgather", "reduce_scatter")
+#: the ops with an output buffer apart from their input (Submit.out_seg)
+PAIRED = ("allgather", "reduce_scatter")
 
 
 class RankConn:
@@ -441,11 +443,14 @@ class NodeComm:
         fp = self._fingerprint(seq, s0, dtype)
         if self.express is not None:  # (the peer must not have sent this op express: a mismatch)
             self.express.engine_op(seq, fp)
+        outs = self._out_views(seq, ordered, dtype) if s0.kind in PAIRED else []
         plan = OpPlan(kind=s0.kind, op=s0.op, dtype=dtype, count=s0.count, views=views,
                       world_size=self.world_size, root_local=root_local,
-                      chunk_bytes=self.worker.chunk_bytes, threads=self.worker.threads)
+                      chunk_bytes=self.worker.chunk_bytes, threads=self.worker.threads, outs=outs,
+                      ranks=[self.global_rank[r] for r in range(self.K)], node_rank=self.node_rank,
+                      nnodes=self.nnodes)
         if rec is not None:
-            rec.nbytes = s0.count * dtype.itemsize
+            rec.nbytes = max(s0.count, s0.out_count) * dtype.itemsize
         timeout = s0.timeout_s or self.timeout_s
         start = max(min(m for _, _, m in subs.values()), self._prev_end)
         deadline_s = max(0.1, start + timeout + ENGINE_SLACK_S - time.monotonic())
@@ -511,6 +516,35 @@ class NodeComm:
             views.append(seg.array(kernels.dtype_from_name(sub.dtype), sub.count, sub.offset))
         return views
 
+    def _out_views(self, seq: int, ordered: list[Submit], dtype: np.dtype) -> list[np.ndarray]:
+        """Each local rank's output buffer of allgather / reduce_scatter ``seq``, its size checked
+        against the input's and the world size (the client checks it too, before it submits)."""
+        s0 = ordered[0]
+        want = s0.count * self.world_size if s0.kind == "allgather" else s0.count // self.world_size
+        if s0.kind == "reduce_scatter" and s0.count % self.world_size:
+            raise InvalidArgument(f"{s0.kind}#{seq}: the input's {s0.count} elements are not a multiple of the "
+                                  f"world size {self.world_size}", seq=seq, comm=self.key)
+        if s0.kind == "allgather" and self.nnodes > 1 and any(
+                self.global_rank[r] != self.node_rank * self.K + r for r in range(self.K)):
+            # (a node's ranks' blocks must be one contiguous range of the output: see opexec)
+            raise InvalidArgument(f"allgather across nodes needs global rank = node rank x {self.K} + local rank "
+                                  f"(as ff launch assigns them); node {self.node_rank} has ranks "
+                                  f"{[self.global_rank[r] for r in range(self.K)]}", seq=seq, comm=self.key)
+        views = []
+        for r, sub in enumerate(ordered):
+            if sub.out_count != want:
+                raise InvalidArgument(f"{self.conns[r].label()}: {s0.kind}#{seq} output has {sub.out_count} "
+                                      f"elements, expected {want}", seq=seq, comm=self.key)
+            if want == 0:
+                views.append(np.empty(0, dtype))
+                continue
+            seg = self.conns[r].segments.get(sub.out_seg)
+            if seg is None:
+                raise HFReduceError(f"{self.conns[r].label()} submitted op #{seq} on unknown segment "
+                                    f"{sub.out_seg}", seq=seq)
+            views.append(seg.array(dtype, want, sub.out_offset))
+        return views
+
     def _tell_ranks(self, seq: int, ordered: list[Submit]) -> None:
         """Op ``seq`` is done and its result in every rank's buffer: end its record, release the ranks."""
         done_rec = self.worker.ring_end(self, seq, "done")
@@ -554,7 +588,14 @@ class NodeComm:
             rec.phase = "exchange"
             rec.nbytes = 0 if s0.kind == "barrier" else s0.count * kernels.dtype_from_name(s0.dtype).itemsize
         op.local_s = local_s
-        op.ctx = (ordered, rec)
+        scatter = None
+        if s0.kind == "reduce_scatter":  # the whole result lands in ``ours``: each rank's slice from it
+            outs, ranks = self._out_views(seq, ordered, kernels.dtype_from_name(s0.dtype)), \
+                [self.global_rank[r] for r in range(self.K)]
+
+            def scatter(x: XOp) -> None:
+                scatter_into(outs, ranks, s0.count // self.world_size, x.ours, 0, s0.count)
+        op.ctx = (ordered, rec, scatter)
         timeout = s0.timeout_s or self.timeout_s
         start = max(min(m for _, _, m in subs.values()), self._prev_end)
         with self._lock:
@@ -579,6 +620,8 @@ class NodeComm:
         kind = s0.kind
         if kind == "broadcast":
             op, named, count = "copy", dtype, s0.count
+        elif kind in PAIRED:  # (the input's count: the output's follows from it and the world size)
+            op, named, count = ("gather" if kind == "allgather" else s0.op), dtype, s0.count
         else:
             op, wdt, count = wire_layout(kind, s0.op, dtype, s0.count)
             named = dtype if kind in ("allreduce", "reduce") else wdt
@@ -619,10 +662,10 @@ class NodeComm:
         narrow = carried != dtype
         redop = "sum" if s0.op == "avg" else s0.op
         divisor = self.world_size if s0.op == "avg" else 1
-        if kind == "reduce":
+        if kind in ("reduce", "reduce_scatter"):  # (a reduce_scatter's slices: _express_done scatters them)
             ours = self.scratch.get(carried, s0.count)
             kernels.reduce_into(ours, views, redop, threads=1)
-            out = [views[root]] if root is not None else []
+            out = [views[root]] if root is not None and kind == "reduce" else []
             return XOp(seq, fpw, ours, out, narrow=narrow, redop=redop, divisor=divisor, on_done=done)
         ours = self.scratch.get(carried, s0.count) if narrow else views[0]
         if narrow or self.K > 1:  # our partial: the ranks' reduce (into rank 0's buffer when it can)
@@ -633,7 +676,7 @@ class NodeComm:
         """Express op ``op`` is in every rank's buffer (on the thread that finished it): record,
         release, and run the next op if its ranks are all in and it may run here."""
         seq = op.seq
-        ordered, rec = op.ctx
+        ordered, rec, scatter = op.ctx
         with self._lock:
             if self.error is not None:
                 return  # failed meanwhile: the ranks have the error
@@ -642,6 +685,11 @@ class NodeComm:
             assert self.express is not None
             rec.local_reduce_s, rec.tree_s = op.local_s, time.monotonic() - op.t0
             rec.stats = self.express.stats(op)
+        if scatter is not None:
+            with self._failing_on_error():
+                scatter(op)
+            if self.error is not None:
+                return
         if self.worker.tracing:
             self.worker.span_after(self, ordered[0], seq, op.started_at, rec)
         self._tell_ranks(seq, ordered)
@@ -778,10 +826,10 @@ class _Closing(Exception):
 
 
 def _nbytes(sub: Submit) -> int:
-    if sub.kind == "barrier" or sub.count <= 0:
+    if sub.kind == "barrier" or max(sub.count, sub.out_count) <= 0:
         return 0
     try:
-        return sub.count * kernels.dtype_from_name(sub.dtype).itemsize
+        return max(sub.count, sub.out_count) * kernels.dtype_from_name(sub.dtype).itemsize
     except FireFlyerError:
         return 0  # the op fails on its dtype wherever it runs
 

@@ -38,6 +38,15 @@ Data path per op (``K`` local ranks, ``n`` nodes, chunk = ``chunk_bytes``)::
   allreduce that way, moving twice the bytes: 64 MiB on the thirty-ninth VM, launches of the two
   alternating, 2 x 1 15.0-41.5 ms against 46.3-53.3, 4 x 1 40.9-51.9 against 77.3-92.4, 2 x 4
   23.3-58.5 against 35.1-58.3 (faster in 5 of 7), 3 x 2 36.2-65.8 against 53.9-78.0.
+* **allgather** (ranks' inputs ``views``, outputs ``outs``): a local gather, then across ``N`` nodes
+  one engine broadcast per node of its ranks' contiguous block, bit for bit; each node receives
+  ``(N-1)/N`` of the output and sends as much on average (:func:`_allgather` says why not a ring).
+* **reduce_scatter** is the allreduce of the input -- the same path (express, streamed trees or
+  ring, fill/fuse), the same reduction order, so the same bits as ``allreduce`` then slicing --
+  into scratch (the inputs stay as they are), and the write-back copies each rank's slice
+  (:func:`scatter_into`).  Bytes: an allreduce's, ``2(N-1)/N`` of the input per node, twice a ring
+  reduce-scatter's: bit-identity with the allreduce needs its up pass to the tree roots whole, and
+  only the down pass could be trimmed to each slice's node (not done).
 * **barrier** is a one-element int32 sum when there is more than one node; locally the
   arrival wait already is the barrier.
 
@@ -75,9 +84,9 @@ import numpy as np
 from . import kernels
 from ._op import Fuse
 from .copies import copy_into
-from .types import Fingerprint, OpStats
+from .types import Fingerprint, OpStats, PeerStats, TreeStats
 
-__all__ = ["OpPlan", "broadcast_words", "execute", "may_post", "wire_layout"]
+__all__ = ["OpPlan", "broadcast_words", "execute", "may_post", "scatter_into", "wire_layout"]
 
 _I32 = np.dtype(np.int32)
 
@@ -88,10 +97,13 @@ class OpPlan:
     ``targets`` are the local-rank indices whose buffers receive the result.
     """
 
-    __slots__ = ("kind", "op", "dtype", "count", "views", "world_size", "root_local", "chunk_bytes", "threads")
+    __slots__ = ("kind", "op", "dtype", "count", "views", "world_size", "root_local", "chunk_bytes", "threads",
+                 "outs", "ranks", "node_rank", "nnodes")
 
     def __init__(self, *, kind: str, op: str, dtype: np.dtype, count: int, views: Sequence[np.ndarray],
-                 world_size: int, root_local: int | None, chunk_bytes: int, threads: int) -> None:
+                 world_size: int, root_local: int | None, chunk_bytes: int, threads: int,
+                 outs: Sequence[np.ndarray] = (), ranks: Sequence[int] = (), node_rank: int = 0,
+                 nnodes: int = 1) -> None:
         self.kind = kind
         self.op = op
         self.dtype = np.dtype(dtype)
@@ -101,6 +113,12 @@ class OpPlan:
         self.root_local = root_local
         self.chunk_bytes = chunk_bytes
         self.threads = threads
+        #: allgather / reduce_scatter: each local rank's output buffer (``views`` are the inputs)
+        self.outs = list(outs)
+        #: each local rank's global rank
+        self.ranks = list(ranks)
+        self.node_rank = node_rank
+        self.nnodes = nnodes
 
 
 def wire_layout(kind: str, op: str, dtype: np.dtype, count: int) -> tuple[str, np.dtype, int]:
@@ -190,6 +208,8 @@ def execute(plan: OpPlan, *, engine: Engine | None, fp: Fingerprint, deadline_s:
             stats = engine.allreduce(work, "sum", fp, deadline_s=deadline_s, on_done=barrier_done)
     elif plan.kind == "broadcast":
         stats = _broadcast(plan, engine, fp, deadline_s, scratch, writer, on_phase, times, done, post)
+    elif plan.kind == "allgather":
+        stats = _allgather(plan, engine, fp, deadline_s, writer, on_phase, times)
     else:
         stats = _reduce(plan, engine, fp, deadline_s, scratch, writer, on_phase, times, done, post)
     if stats is _POSTED:
@@ -204,7 +224,9 @@ def may_post(kind: str, op: str, dtype: np.dtype, count: int, engine: Engine | N
     Small ops across nodes whose result is written back on the engine thread that
     completes them: then nothing is left to do on the calling thread.
     """
-    if engine is None or kind == "broadcast":  # (a broadcast the express path does not take: the engine's)
+    if engine is None or kind in ("broadcast", "allgather", "reduce_scatter"):
+        # (a broadcast the express path does not take is the engine's; an allgather is several engine
+        # ops; a reduce_scatter's write-back scatters after the engine op: they run on the op thread)
         return False
     _, wdt, wcount = wire_layout(kind, op, dtype, count)
     nbytes = wcount * wdt.itemsize
@@ -300,14 +322,18 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
     engine_op, wdt, _ = wire_layout(plan.kind, plan.op, plan.dtype, plan.count)
     local_op = "sum" if plan.op == "avg" else plan.op
     views = plan.views
+    scatter = plan.kind == "reduce_scatter"
     if plan.kind == "reduce":
         targets = [views[plan.root_local]] if plan.root_local is not None else []
+    elif scatter:
+        targets = []  # (the write-back scatters the slices into plan.outs: _scatter_into)
     else:
         targets = views
     # an allreduce whose dtype travels as it is uses local rank 0's own buffer as the work buffer:
     # the result lands there directly and the write-back copies it K - 1 times, not K; so does a
     # reduce on the node of its root when the root is local rank 0 (the engine's streamed loops
     # take work as the first of their inputs or apart from them all, never another one)
+    # (a reduce_scatter leaves its inputs as they are: it always works in scratch)
     alias = (plan.kind == "allreduce" or plan.kind == "reduce" and plan.root_local == 0) and wdt == plan.dtype
     in_place = alias and len(views) == 1
     work = views[0] if alias else scratch.get(wdt, plan.count)
@@ -325,6 +351,9 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
                 np.floor_divide(seg, divisor, out=seg)
             else:
                 np.divide(seg, np.float32(divisor), out=seg)
+        if scatter:
+            _scatter_into(plan, work, a, b)
+            return
         if not targets:
             return
         if wdt != plan.dtype:
@@ -340,6 +369,16 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
         # A reduce wants its result in the root's buffer only: a scratch work buffer is not
         # written (``discard``), which on the trees saves a whole buffer's writes on every node
         on_phase("tree")
+        if scatter:
+            # the engine writes the whole result into scratch (it has no mirror for a slice), then this
+            # thread copies each rank's slice out; ``done`` (the ranks' release) only after that
+            stats = _run_tree(engine, work, engine_op, fp, deadline_s, None, writer, times, lambda _: None,
+                              avg_divisor=plan.world_size, inputs=views, mirrors=[])
+            on_phase("writeback")
+            t1 = time.perf_counter()
+            _scatter_into(plan, work, 0, plan.count)
+            times["writeback_s"] += time.perf_counter() - t1
+            return stats
         return _run_tree(engine, work, engine_op, fp, deadline_s, None, writer, times, done,
                          avg_divisor=plan.world_size, inputs=views, mirrors=targets, post=post,
                          discard=plan.kind == "reduce" and not alias)
@@ -370,7 +409,7 @@ def _reduce(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: fl
             spent.append(time.perf_counter() - t1)
 
         on_phase("tree")
-        return _run_tree(engine, work, engine_op, fp, deadline_s, write if targets else None, writer, times,
+        return _run_tree(engine, work, engine_op, fp, deadline_s, write if targets or scatter else None, writer, times,
                          done, avg_divisor=plan.world_size, fill=None if in_place else fill,
                          fuse=None if in_place else fuse, local_reduce=lambda: sum(spent), post=post)
     chunks = _chunks(plan.count, wdt.itemsize, plan.chunk_bytes)
@@ -417,3 +456,98 @@ def _broadcast(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s:
     on_phase("tree")
     return _run_tree(engine, work, "sum", fp, deadline_s, copy_out if targets else None, writer, times, done,
                      bcast_root=root is not None)
+
+
+def _scatter_into(plan: OpPlan, work: np.ndarray, a: int, b: int) -> None:
+    scatter_into(plan.outs, plan.ranks, plan.count // plan.world_size, work, a, b)
+
+
+def scatter_into(outs: Sequence[np.ndarray], ranks: Sequence[int], m: int, work: np.ndarray, a: int, b: int) -> None:
+    """A reduce_scatter's write-back of final range ``[a, b)`` of ``work`` (the whole reduced buffer):
+    each local rank gets the part of it that lies in its slice ``[g*m, (g+1)*m)`` (``g`` its global
+    rank, ``m`` its output's size), rounded to its dtype if ``work`` carries float32 partials."""
+    for out, g in zip(outs, ranks, strict=True):
+        lo, hi = max(a, g * m), min(b, (g + 1) * m)
+        if lo >= hi:
+            continue
+        dst, src = out[lo - g * m:hi - g * m], work[lo:hi]
+        if src.dtype != dst.dtype:
+            kernels.cast_into(dst, src, threads=1)
+        else:
+            copy_into([dst], src)
+
+
+def _allgather(plan: OpPlan, engine: Engine | None, fp: Fingerprint, deadline_s: float | None,
+               writer: ThreadPoolExecutor, on_phase: Callable[[str], None], times: dict[str, float]) -> OpStats | None:
+    """Every rank's input into every rank's output at its global rank's place, bit for bit.
+
+    On the node, each local rank's bytes are copied into every local output (``local_reduce_s``:
+    the local gather).  Across ``N`` nodes node ``j``'s ranks (global ``j*K`` .. ``j*K+K-1``, as
+    ``ff launch`` numbers them; the worker checks) fill one contiguous block of the output, so
+    the op is ``N`` of the engine's broadcasts (:mod:`._bcast`), block ``j`` from node ``j``: each
+    floods the block's bytes as they are over both trees, every tree edge carrying each byte once,
+    into local rank 0's output, and the other local outputs get each range as it lands.
+
+    Why broadcasts, not a ring: they are the engine's own bit-exact transfer, with its deadlines,
+    fingerprints, blame and abort flooding, and move the bytes a ring allgather moves -- each node
+    *receives* every other node's block exactly once, ``(N-1)/N`` of the output, and the nodes
+    together send ``N-1`` blocks per broadcast, ``(N-1)/N`` of the output per node on average (a
+    tree's inner nodes forward more than its leaves).  Nothing is reduced or padded (an allreduce
+    of zero-padded buffers would move ``2(N-1)/N`` and turn -0.0 into 0.0).  The cost against a
+    ring: ``N`` ops back to back, each ``2 x depth`` hops of latency (see :mod:`._bcast`), instead
+    of ``N-1`` pipelined steps.
+    """
+    itemsize = plan.dtype.itemsize
+    nb = plan.count * itemsize
+    ins = [v.view(np.uint8) for v in plan.views]
+    outs = [o.view(np.uint8) for o in plan.outs]
+    on_phase("local_gather")
+    t = time.perf_counter()
+    for src, g in zip(ins, plan.ranks, strict=True):
+        if nb:
+            copy_into([o[g * nb:(g + 1) * nb] for o in outs], src)
+    times["local_reduce_s"] = time.perf_counter() - t
+    if engine is None or nb == 0:
+        return None
+    on_phase("tree")
+    K = len(outs)
+    block = K * nb
+    work_all, others = outs[0], outs[1:]
+    t_start = time.monotonic()
+    parts: list[OpStats] = []
+    for j in range(plan.nnodes):
+        work = work_all[j * block:(j + 1) * block]
+        mine = j == plan.node_rank
+
+        def copy_out(a: int, b: int, work: np.ndarray = work, base: int = j * block) -> None:
+            copy_into([o[base + a:base + b] for o in others], work[a:b])
+
+        # one fingerprint per part: a broadcast's (the engine's check), naming the op and its source
+        part_fp = Fingerprint(comm=fp.comm, seq=fp.seq, op="allgather", dtype=fp.dtype, count=K * plan.count,
+                              kind="broadcast", root=j)
+        left = None if deadline_s is None else max(0.1, deadline_s - (time.monotonic() - t_start))
+        sub_times = {"local_reduce_s": 0.0, "tree_s": 0.0, "writeback_s": 0.0}
+        # (on the source node the other local outputs have the block already: the local gather)
+        parts.append(_run_tree(engine, work, "sum", part_fp, left, None if mine or not others else copy_out,
+                               writer, sub_times, lambda _: None, bcast_root=mine))
+        times["tree_s"] += sub_times["tree_s"]
+        times["writeback_s"] += sub_times["writeback_s"]
+    return _merge_stats(parts, fp.seq, plan.count * itemsize * plan.world_size)
+
+
+def _merge_stats(parts: Sequence[OpStats], seq: int, nbytes: int) -> OpStats:
+    """One allgather's telemetry from its parts' (trees' phase times and peers' traffic summed)."""
+    trees = [TreeStats(), TreeStats()]
+    peers: dict[int, PeerStats] = {}
+    for p in parts:
+        for t, ts in enumerate(p.trees[:2]):
+            trees[t].up_s += ts.up_s
+            trees[t].down_s += ts.down_s
+        for node, ps in p.peers.items():
+            q = peers.setdefault(node, PeerStats())
+            q.bytes_sent += ps.bytes_sent
+            q.bytes_received += ps.bytes_received
+            q.transfer_s += ps.transfer_s
+    return OpStats(seq=seq, kind="allgather", nbytes=nbytes, algorithm="tree", trees=trees, peers=peers,
+                   copyout_s=sum(p.copyout_s for p in parts), started_at=parts[0].started_at,
+                   finished_at=parts[-1].finished_at)

@@ -12,7 +12,8 @@ than :data:`MAX_MESSAGE` are a protocol error (the peer is not ours).
     Register(seg, name, nbytes)            <- Registered(seg) or Failed(seq=-1)
         the worker maps /dev/shm/<name> and *unlinks it*; from then on the segment lives only
         as long as the two mappings, so nothing leaks whoever dies (see .shm)
-    Submit(seq, kind, op, dtype, count, seg, offset, root, timeout_s)   (many may be in flight)
+    Submit(seq, kind, op, dtype, count, seg, offset, root, timeout_s[, out_seg, out_offset, out_count])
+                                           (many may be in flight)
                                            <- Done(seq, record) or Failed(seq, error)
     Unregister(seg)                        (no reply)
     StatusRequest(req)                     <- StatusReply(req, recent, pending)
@@ -111,8 +112,10 @@ class Unregister(_Msg, tag="unregister", kw_only=True):
 class Submit(_Msg, tag="submit", kw_only=True):
     """Op number ``seq`` of this rank on data at ``offset`` bytes into segment ``seg``.
 
-    ``kind`` is allreduce / reduce / broadcast / barrier; ``root`` a global rank
-    (reduce, broadcast) or -1; ``seg`` is -1 for barrier and count 0.
+    ``kind`` is allreduce / reduce / broadcast / barrier / allgather / reduce_scatter; ``root``
+    a global rank (reduce, broadcast) or -1; ``seg`` is -1 for barrier and count 0.  allgather
+    and reduce_scatter read ``count`` elements at ``seg``/``offset`` (the rank's input, left as it
+    is) and write ``out_count`` elements at ``out_seg``/``out_offset`` (its output).
     """
 
     seq: int
@@ -127,6 +130,10 @@ class Submit(_Msg, tag="submit", kw_only=True):
     #: the rank wants the op's :class:`OpRecord` in its ``Done`` (``init(op_records=True)``);
     #: encoding and decoding one costs a small op ~10 us on each side, so only on request
     record: bool = False
+    #: allgather / reduce_scatter: the output buffer (the input is ``seg``/``offset``/``count``)
+    out_seg: int = -1
+    out_offset: int = 0
+    out_count: int = 0
 
 
 class Done(_Msg, tag="done", kw_only=True):

@@ -74,7 +74,7 @@ __all__ = ["Worker", "main", "READY_PREFIX"]
 
 log = get_logger(__name__)
 READY_PREFIX = "hfreduce worker ready"
-KINDS = ("allreduce", "reduce", "broadcast", "barrier")
+KINDS = ("allreduce", "reduce", "broadcast", "barrier", "allgather", "reduce_scatter")
 
 
 def engine_available() -> bool:
@@ -392,10 +392,10 @@ class Worker:
 def _check_submit(sub: Submit) -> FireFlyerError | None:
     if sub.kind not in KINDS:
         return InvalidArgument(f"unknown collective {sub.kind!r}")
-    if sub.kind in ("allreduce", "reduce") and sub.op not in kernels.OPS:
+    if sub.kind in ("allreduce", "reduce", "reduce_scatter") and sub.op not in kernels.OPS:
         return InvalidArgument(f"unknown reduce op {sub.op!r}; expected one of {kernels.OPS}")
-    if sub.count < 0:
-        return InvalidArgument(f"negative count {sub.count}")
+    if sub.count < 0 or sub.out_count < 0:
+        return InvalidArgument(f"negative count {sub.count} / {sub.out_count}")
     if sub.kind != "barrier":
         try:
             kernels.dtype_from_name(sub.dtype)

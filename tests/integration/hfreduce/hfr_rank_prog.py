@@ -56,7 +56,24 @@ def cases(full: bool) -> list[tuple[str, str, str, int, int]]:
         out.append(("reduce", "avg", dt, BEYOND_EXPRESS, -2))
     if full:
         out.append(("allreduce", "sum", "float32", LARGE, -1))
+    # the sharded-training pair; n is each rank's share (odd: not whole chunks, nor whole words)
+    for dt in DTYPES:
+        for n in ([0, 1, 333, BEYOND_EXPRESS] if full else [333]):
+            out.append(("allgather", "sum", dt, n, -1))
+        for op in OPS:
+            out.append(("reduce_scatter", op, dt, 333, -1))
+    for n in ((1, BEYOND_EXPRESS) if full else ()):  # one element each, and beyond the express size
+        out.append(("reduce_scatter", "sum", "float32", n, -1))
+        out.append(("reduce_scatter", "avg", "bfloat16", n, -1))
     return out
+
+
+def input_for(case: tuple[str, str, str, int, int], index: int, rank: int, world: int) -> np.ndarray:
+    """Rank ``rank``'s input of case ``index``: a reduce_scatter's has ``world`` shares."""
+    kind, op, dt, n, root = case
+    if kind == "reduce_scatter":
+        return make_input((kind, op, dt, n * world, root), index, rank)
+    return make_input(case, index, rank)
 
 
 def make_input(case: tuple[str, str, str, int, int], index: int, rank: int) -> np.ndarray:
@@ -65,7 +82,7 @@ def make_input(case: tuple[str, str, str, int, int], index: int, rank: int) -> n
     dtype = np.dtype(getattr(ml_dtypes, dt, None) or dt)
     if dtype.kind in "iu":
         return rng.integers(-1000, 1000, n).astype(dtype)
-    if kind == "broadcast":
+    if kind in ("broadcast", "allgather"):
         bits = rng.integers(0, 256, n * dtype.itemsize, dtype=np.uint8)  # any bits: NaN payloads, -0.0
         return bits.view(dtype)
     scale = 4.0 if dt.startswith("float8") else 100.0
@@ -76,9 +93,23 @@ def _matrix(comm: Any, out: str, full: bool) -> dict[str, Any]:
     results: dict[str, np.ndarray] = {}
     for i, case in enumerate(cases(full)):
         kind, op, dt, n, root = case
-        x = make_input(case, i, comm.rank)
+        x = input_for(case, i, comm.rank, comm.world_size)
         if root == -2:
             root = comm.world_size - 1
+        if kind in ("allgather", "reduce_scatter"):
+            before = x.copy()
+            res = np.empty(n * comm.world_size if kind == "allgather" else n, x.dtype)
+            if kind == "allgather":
+                assert comm.allgather(res, x) is res
+            else:
+                assert comm.reduce_scatter(res, x, op=op) is res
+                # the allreduce of the same input, this rank's slice: the same bits (see the docstring)
+                ref = before.copy()
+                comm.allreduce(ref, op=op)
+                results[f"c{i}_allreduce"] = ref[comm.rank * n:(comm.rank + 1) * n].view(np.uint8)
+            assert x.tobytes() == before.tobytes(), f"case {i}: {kind} modified its input"
+            results[f"c{i}"] = res.view(np.uint8)
+            continue
         if kind == "allreduce":
             comm.allreduce(x, op=op)
         elif kind == "reduce":
@@ -217,6 +248,31 @@ def _run(mode: str, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(args.sleep_s)
         _mark()
         comm.allreduce(np.ones(10, np.float32))
+        return {}
+    if mode == "sleep_allgather":  # as "sleep", with an allgather beyond the express size
+        x = np.full(BEYOND_EXPRESS, comm.rank, np.float32)
+        out = np.empty(BEYOND_EXPRESS * comm.world_size, np.float32)
+        comm.allgather(out, x)
+        assert np.array_equal(out, np.repeat(np.arange(comm.world_size, dtype=np.float32), BEYOND_EXPRESS))
+        if comm.rank == args.victim:
+            time.sleep(args.sleep_s)
+        _mark()
+        comm.allgather(out, x)
+        return {}
+    if mode == "gatherloop":  # large allgathers and reduce_scatters back to back until one fails
+        n = LARGE // 4 // comm.world_size  # 4 MiB of output each
+        x = comm.empty(n, np.float32)
+        out = comm.empty(n * comm.world_size, np.float32)
+        for i in range(100_000):
+            x[...] = comm.rank + i
+            _mark()
+            comm.allgather(out, x)
+            assert out[0] == i and out[-1] == comm.world_size - 1 + i, (i, out[0], out[-1])
+            _mark()
+            comm.reduce_scatter(x, out, op="max")
+            assert x[0] == comm.rank + i and x[-1] == x[0], (i, x[0])  # (every rank gathered the same)
+            if i == 2:
+                _say(f"gathering rank={comm.rank}")
         return {}
     if mode == "victim":  # the victim never submits; the test kills it (or the worker)
         comm.allreduce(np.ones(10, np.float32))

@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from hfr_cluster import Cluster
-from hfr_rank_prog import cases, make_input
+from hfr_rank_prog import cases, input_for
 
 from fireflyer.hfreduce.shm import list_segments
 
@@ -38,10 +38,21 @@ def check_results(res: dict[int, dict[str, np.ndarray]], world: int, full: bool)
     for i, case in enumerate(cases(full)):
         kind, op, dtn, n, root = case
         dt = _dtype(dtn)
-        inputs = [make_input(case, i, r) for r in range(world)]
+        inputs = [input_for(case, i, r, world) for r in range(world)]
         outs = [res[r][f"c{i}"].view(dt) for r in range(world)]
         what = f"case {i} {case}"
-        if kind == "broadcast":
+        if kind == "allgather":  # rank r's bytes at [r*n, (r+1)*n) on every rank, bit for bit
+            want = b"".join(x.tobytes() for x in inputs)
+            for r in range(world):
+                assert outs[r].tobytes() == want, f"{what}: rank {r}"
+            continue
+        if kind == "reduce_scatter":
+            # each rank's share: the bits of the allreduce's slice; and that slice checked below
+            for r in range(world):
+                assert outs[r].tobytes() == res[r][f"c{i}_allreduce"].tobytes(), f"{what}: rank {r} vs allreduce"
+            got = np.concatenate(outs)
+            n = n * world
+        elif kind == "broadcast":
             for r in range(world):
                 assert outs[r].tobytes() == inputs[world - 1].tobytes(), f"{what}: rank {r}"
             continue
@@ -50,7 +61,7 @@ def check_results(res: dict[int, dict[str, np.ndarray]], world: int, full: bool)
             for r in range(world):
                 assert r == dst or outs[r].tobytes() == inputs[r].tobytes(), f"{what}: non-root {r} was modified"
             got = outs[dst]
-        else:
+        elif kind == "allreduce":
             for r in range(1, world):
                 assert outs[r].tobytes() == outs[0].tobytes(), f"{what}: rank {r} differs from rank 0"
             got = outs[0]

@@ -354,3 +354,48 @@ def test_worker_kill9_rank_in_the_middle_of_large_ops_aborts_every_node(nnodes: 
     for r in range(last * k):  # the other nodes' ranks: the abort from the last node, with its reason
         assert res[r]["kind"] == "CollectiveAborted" and f"node {last}" in res[r]["message"], res[r]
     assert list_segments() == []
+
+
+def test_worker_sleeping_rank_in_an_allgather_is_named_within_deadline() -> None:
+    """An allgather (beyond the express size: the engine's broadcasts, one per node) that rank 3
+    is late for: every other rank raises within the deadline naming it, as for an allreduce."""
+    c = _start()
+    try:
+        run = c.ranks("sleep_allgather", victim=3, sleep_s=TIMEOUT_S + 3, timeout_s=30)
+        res = run.results()
+    finally:
+        c.stop()
+    _all_raised(res, [0, 1, 2, 3])
+    for r in (0, 1, 2):
+        assert res[r]["op_elapsed"] < TIMEOUT_S + SLACK_S, res[r]
+        assert "rank 3" in res[r]["message"], res[r]["message"]
+    assert res[2]["kind"] == "CollectiveTimeout" and "did not submit" in res[2]["message"], res[2]
+    for r in (0, 1):  # the other node: node 1's reason through the engine's abort
+        assert "node 1" in res[r]["message"], res[r]["message"]
+    assert res[3]["op_elapsed"] < 1.0, res[3]
+    assert list_segments() == []
+
+
+def test_worker_kill9_rank_in_the_middle_of_allgathers_aborts_every_node() -> None:
+    """Three nodes x two ranks running large allgathers and reduce_scatters back to back: the last
+    rank killed mid-op fails its node's communicator, and every other rank raises at once naming
+    it (the other nodes through the engine's abort); the workers survive."""
+    nnodes, k = 3, 2
+    world, last = nnodes * k, nnodes - 1
+    c = Cluster(nnodes, k, chunk="64k", timeout_s=10.0).start()
+    try:
+        run = c.ranks("gatherloop", wait=False)
+        run.wait_line("gathering", world)
+        os.kill(run.pids[world - 1], signal.SIGKILL)
+        run.wait(30)
+        res = run.results()
+        assert all(w.poll() is None for w in c.workers), "a worker died with the rank"
+    finally:
+        c.stop()
+    _all_raised(res, list(range(world - 1)))
+    for r in range(world - 1):
+        assert res[r]["op_elapsed"] < 5.0, res[r]  # well before the 10 s deadline
+        assert f"rank {world - 1}" in res[r]["message"], res[r]["message"]
+    for r in range(last * k):
+        assert res[r]["kind"] == "CollectiveAborted" and f"node {last}" in res[r]["message"], res[r]
+    assert list_segments() == []
