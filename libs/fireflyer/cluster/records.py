@@ -78,6 +78,8 @@ class ProcessRecord(msgspec.Struct, frozen=True, kw_only=True):
     address: str
     log: str
     started_at: float
+    #: "host:port" of its HTTP server, for a service with ``http = true`` (the dashboard); else ""
+    http_address: str = ""
 
 
 class ClusterRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,6 +16,7 @@ from fireflyer.core.log import get_logger
 
 from .sampling import default_sampler
 from .spanfile import JsonLinesSpanExporter
+from .taskctx import DefaultParentTracerProvider, env_parent
 
 __all__ = ["setup_tracing", "shutdown_tracing", "tracer", "tracing_configured"]
 
@@ -38,7 +39,9 @@ def setup_tracing(
     Returns None when telemetry is disabled.  ``batch=False`` exports each span
     as it ends (tests and short CLI runs).  Which spans are recorded: see
     :mod:`fireflyer.telemetry.sampling` (parent-based; RPCs from callers that do
-    not trace are sampled).
+    not trace are sampled).  With ``TRACEPARENT`` in the environment (a task's process, started by a
+    node agent) spans without a current parent are children of that context
+    (:mod:`fireflyer.telemetry.taskctx`).
     """
     global _provider
     settings = settings or TelemetrySettings()
@@ -49,7 +52,11 @@ def setup_tracing(
         if not settings.enabled:
             return None
         resource = Resource.create({"service.name": service, "service.instance.id": instance})
-        provider = TracerProvider(resource=resource, sampler=default_sampler(environ))
+        # a process the node agent started for a traced task: its root spans join the task's trace
+        parent = env_parent(environ)
+        provider = (TracerProvider(resource=resource, sampler=default_sampler(environ)) if parent is None else
+                    DefaultParentTracerProvider(resource=resource, sampler=default_sampler(environ),
+                                                default_parent=parent))
         endpoint = settings.otlp_endpoint or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         if endpoint:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
