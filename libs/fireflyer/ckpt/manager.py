@@ -28,7 +28,7 @@ from opentelemetry import context as otel_context
 from fireflyer.core.clock import SYSTEM_CLOCK, Clock
 from fireflyer.core.errors import FailedPrecondition, FsError, InvalidArgument, NoClusterFound, NotFound
 from fireflyer.core.log import get_logger
-from fireflyer.telemetry import tracer
+from fireflyer.telemetry import ensure_task_tracing, tracer
 
 from .catalog import index_digest
 from .index import decode_index, index_name
@@ -78,6 +78,7 @@ class CheckpointManager:
                  after_write: Callable[[], None] | None = None,
                  state_dir: str | os.PathLike[str] | None = None) -> None:
         self.job = check_job(job)
+        ensure_task_tracing()  # a rank of a traced task: its saves show in the task's trace
         self._state_dir = state_dir
         self.rank = _env_int("FF_RANK", 0) if rank is None else rank
         self.world_size = _env_int("FF_WORLD_SIZE", 1) if world_size is None else world_size
