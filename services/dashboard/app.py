@@ -83,14 +83,18 @@ class Dashboard:
         token, p = session
         routes = {"/": self.cluster_page, "/nodes": self.nodes_page, "/tasks": self.tasks_page,
                   "/checkpoints": self.ckpt_page, "/incidents": self.incidents_page, "/traces": self.traces_page}
-        if req.path in routes:
-            title, body = await routes[req.path](req, token, p)
-        elif req.path.startswith("/tasks/"):
-            title, body = await self.task_page(req.path.removeprefix("/tasks/"), req, token, p)
-        elif req.path.startswith("/traces/"):
-            title, body = await self.trace_page(req.path.removeprefix("/traces/"), token, p)
-        else:
-            return Response(status=404, body=views.page("not found", "<p>no such page</p>", user=p.user))
+        try:
+            if req.path in routes:
+                title, body = await routes[req.path](req, token, p)
+            elif req.path.startswith("/tasks/"):
+                title, body = await self.task_page(req.path.removeprefix("/tasks/"), req, token, p)
+            elif req.path.startswith("/traces/"):
+                title, body = await self.trace_page(req.path.removeprefix("/traces/"), token, p)
+            else:
+                return Response(status=404, body=views.page("not found", "<p>no such page</p>", user=p.user))
+        except FireFlyerError as e:  # a service refused or is down: say so on the page
+            return Response(status=502, body=views.page("error", f"<p class='bad' id='error'>{esc(e)}</p>",
+                                                        user=p.user))
         return Response(body=views.page(title, body, user=p.user))
 
     async def login(self, req: Request) -> Response:
@@ -281,7 +285,7 @@ class DashboardService(Service):
     async def start(self, ctx: ServiceContext) -> None:
         s: DashboardSettings = self.settings  # type: ignore[assignment]
         env = os.environ
-        state = os.path.abspath(s.state_dir)
+        state = s.state_dir  # StatePaths makes it absolute
         dash = Dashboard(state_dir=str(state), tokens_file=s.auth.tokens_file or "",
                          span_file=s.telemetry.span_file or str(StatePaths(state).spans),
                          sched_addrs=[a for a in env.get("FF_SCHED_ADDR", "").split(",") if a],
