@@ -8,15 +8,13 @@ a span started with no current span (the first span of a thread, an RPC made fro
 joins the task's trace instead of starting its own.  That works across threads, which a context
 attached once at start-up would not: a new thread starts with an empty context.
 
-:func:`ensure_task_tracing` sets tracing up in a rank process on first use of a fireflyer client
+``fireflyer.telemetry.setup.ensure_task_tracing`` sets tracing up in a rank process on first use of a fireflyer client
 (gRPC channel, HFReduce communicator), only when ``TRACEPARENT`` says the task is traced.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -27,8 +25,7 @@ from opentelemetry.util import types
 
 from .propagation import extract
 
-__all__ = ["TRACEPARENT_ENV", "TRACESTATE_ENV", "env_parent", "traceparent_env", "DefaultParentTracerProvider",
-           "ensure_task_tracing"]
+__all__ = ["TRACEPARENT_ENV", "TRACESTATE_ENV", "env_parent", "traceparent_env", "DefaultParentTracerProvider"]
 
 #: the W3C trace context of the process's parent span (the name other OTel SDKs read too)
 TRACEPARENT_ENV = "TRACEPARENT"
@@ -105,31 +102,3 @@ class DefaultParentTracerProvider(TracerProvider):
 
     def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
         return _DefaultParentTracer(super().get_tracer(*args, **kwargs), self.default_parent)
-
-
-_ensured = False
-
-
-def ensure_task_tracing() -> bool:
-    """In a traced task's process (``TRACEPARENT`` and ``FF_TASK_ID`` set by the node agent), set tracing
-    up once, as service ``task`` (instance ``<task>/rank<r>:<pid>``), flushed at exit.  True when it is on.
-
-    Cheap after the first call, so clients call it as they are created."""
-    global _ensured
-    from .setup import setup_tracing, shutdown_tracing, tracing_configured
-
-    if _ensured or tracing_configured():
-        return tracing_configured()
-    _ensured = True
-    env = os.environ
-    if not env.get(TRACEPARENT_ENV) or not env.get("FF_TASK_ID"):
-        return False
-    from fireflyer.core.config import TelemetrySettings
-
-    instance = f"task{env['FF_TASK_ID']}/rank{env.get('FF_RANK', '?')}:{os.getpid()}"
-    provider = setup_tracing("task", instance, state_dir=env.get("FF_STATE_DIR") or ".ff",
-                             settings=TelemetrySettings(span_file=env.get("FF_TELEMETRY_SPAN_FILE") or None))
-    if provider is None:
-        return False
-    atexit.register(shutdown_tracing)
-    return True
