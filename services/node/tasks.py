@@ -60,8 +60,11 @@ from fireflyer.node.policy import (
     worker_argv,
 )
 from fireflyer.node.suspend import encode_flag
+from fireflyer.telemetry import traceparent_env, tracer
 
 __all__ = ["NodeFacts", "TaskManager", "KEEP_ENDED"]
+
+_tracer = tracer("services.node")
 
 #: ended tasks the agent still answers TaskStatus for
 KEEP_ENDED = 256
@@ -220,11 +223,17 @@ class TaskManager:
                                hfreduce_socket=socket, suspend_file=str(self.suspend_path(spec.task_id)),
                                sched_addr=self.facts.sched_addr)
                 log_path = tdir / f"rank{r.rank}.log"
-                with open(log_path, "wb") as out:  # a task id started again starts its logs over
+                # the rank joins the trace of the StartTask call (the task's submission): its own spans
+                # are children of this one (fireflyer.telemetry.taskctx)
+                with open(log_path, "wb") as out, _tracer.start_as_current_span(
+                        "node.start_rank", attributes={"ff.task_id": spec.task_id, "ff.rank": r.rank,
+                                                       "ff.node": self.facts.name}) as span:
+                    env.update(traceparent_env())
                     try:
                         popen = subprocess.Popen(list(spec.command), env=env, cwd=spec.cwd or None,
                                                  stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                                  start_new_session=True)
+                        span.set_attribute("ff.pid", popen.pid)
                     except OSError as e:
                         raise InvalidArgument(f"cannot start rank {r.rank} of task {spec.task_id} on node "
                                               f"{self.facts.name}: {spec.command[0]}: {e.strerror or e}",
@@ -262,7 +271,8 @@ class TaskManager:
                            node_address=self.facts.address, zone=self.facts.zone, token=self.facts.worker_token,
                            prefix=self.facts.worker_prefix or None)
         log_path = self.task_dir(spec.task_id) / "hfreduce.log"
-        env = dict(self.agent_env)
+        env = {k: v for k, v in self.agent_env.items() if k not in ("TRACEPARENT", "TRACESTATE")}
+        env.update(traceparent_env())  # its op spans join the task's trace (when it has one)
         env.setdefault("PYTHONUNBUFFERED", "1")
         with open(log_path, "ab") as out:
             try:

@@ -30,6 +30,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar
 
 import msgspec
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from fireflyer.core.clock import Clock
 from fireflyer.core.errors import (
@@ -60,6 +62,7 @@ from fireflyer.sched.model import (
 )
 from fireflyer.sched.policy import decide
 from fireflyer.sched.records import NodeRecord, RunRecord
+from fireflyer.telemetry import extract, inject, tracer
 
 from . import store
 from .leader import Leadership
@@ -67,6 +70,7 @@ from .metrics import QueueView, queue_view
 
 __all__ = ["CoreConfig", "Caller", "SchedCore", "Effects", "QuotaUse"]
 
+_tracer = tracer("services.scheduler")
 R = TypeVar("R")
 
 
@@ -393,7 +397,8 @@ class SchedCore:
                                     whole_life_state=t.whole_life_state, user=t.spec.user, name=t.spec.name,
                                     rank=rank, nodes=t.nodes, master_address=master, command=t.spec.command,
                                     watchdog_s=t.spec.watchdog_s, signal=t.spec.signal,
-                                    grace_s=lifecycle.grace_final(rec, self.cfg.sched), token=creds.get(t.chain_id, ""))
+                                    grace_s=lifecycle.grace_final(rec, self.cfg.sched), token=creds.get(t.chain_id, ""),
+                                    traceparent=t.trace_context)
                 jobs.append(self._start_rank(ref(t.nodes[rank]), launch))
         for rec in effects.suspends:
             for name in rec.task.nodes:
@@ -412,8 +417,15 @@ class SchedCore:
             self.log.warning(f"scheduler.{what}_failed", task=run_id, node=node, error=str(e))
 
     async def _start_rank(self, node: NodeRef, launch: RankLaunch) -> None:
+        # a child of the chain's submission: the StartTask call (and through it the agent's span and the
+        # rank processes) join the trace the submit began, though this runs in the decision loop
+        parent = extract({"traceparent": launch.traceparent}) if launch.traceparent else None
+        span = _tracer.start_span("scheduler.start_rank", context=parent, attributes={
+            "ff.task_id": launch.task_id, "ff.chain_id": launch.chain_id, "ff.rank": launch.rank,
+            "ff.node": node.name, "ff.restart_count": launch.restart_count})
         try:
-            await self.agents.start(node, launch)
+            with trace.use_span(span, end_on_exit=True):
+                await self.agents.start(node, launch)
         except FireFlyerError as e:
             self.log.warning("scheduler.start_failed", task=launch.task_id, node=node.name, rank=launch.rank,
                              error=str(e))
@@ -437,6 +449,14 @@ class SchedCore:
         if not caller.admin and spec.shared_group:
             raise PermissionDenied("only an admin may set a task's shared_group", field="shared_group")
 
+        with _submit_span(spec) as span:
+            traceparent = _traceparent(span)
+            runs = await self._create(spec, caller, request_id, credential, traceparent)
+            span.set_attribute("ff.task_id", runs[0].id)
+        return runs
+
+    async def _create(self, spec: TaskSpec, caller: Caller, request_id: str, credential: str,
+                      traceparent: str) -> list[RunRecord]:
         def fn(t: Txn, now: float) -> list[RunRecord]:
             nodes = store.load_nodes(t)
             if not nodes:
@@ -448,7 +468,7 @@ class SchedCore:
             check_spec(spec, groups=groups, zones={n.zone for n in nodes}, config=self.cfg.sched)
             run_id = store.next_id(t)
             rec = RunRecord(task=Task(id=run_id, chain_id=run_id, spec=spec, submitted_at=now,
-                                      whole_life_state=spec.whole_life_state),
+                                      whole_life_state=spec.whole_life_state, trace_context=traceparent),
                             reason="submitted; waiting for the next decision", reason_code="submitted")
             store.save_run(t, rec)
             if credential:
@@ -728,6 +748,23 @@ class SchedCore:
         if owner:
             return [u for u in out if u.owner == owner]
         return out if caller.admin else [u for u in out if u.owner == caller.user]
+
+
+def _submit_span(spec: TaskSpec) -> Any:
+    """The span a chain's trace hangs from: a child of the caller's span when the caller traces (``ff``
+    with tracing on, the dashboard), else a new root.  Not a child of an unsampled SERVER span: a
+    submit from a caller that does not trace would then be dropped with it (the sampler records such
+    RPCs at a ratio), and the task's trace is worth keeping whole."""
+    current = trace.get_current_span().get_span_context()
+    context = None if current.is_valid and current.trace_flags.sampled else otel_context.Context()
+    return _tracer.start_as_current_span("task.submit", context=context, attributes={
+        "ff.user": spec.user, "ff.task_name": spec.name, "ff.nodes": spec.nodes})
+
+
+def _traceparent(span: trace.Span) -> str:
+    carrier: dict[str, str] = {}
+    inject(carrier, trace.set_span_in_context(span))
+    return carrier.get("traceparent", "")
 
 
 def _in_flight(runs: list[RunRecord], config: SchedConfig) -> Effects:

@@ -23,9 +23,12 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from opentelemetry import context as otel_context
+
 from fireflyer.core.clock import SYSTEM_CLOCK, Clock
 from fireflyer.core.errors import FailedPrecondition, FsError, InvalidArgument, NoClusterFound, NotFound
 from fireflyer.core.log import get_logger
+from fireflyer.telemetry import ensure_task_tracing, tracer
 
 from .catalog import index_digest
 from .index import decode_index, index_name
@@ -38,6 +41,7 @@ from .state import unflatten
 __all__ = ["CheckpointManager"]
 
 log = get_logger(__name__)
+_tracer = tracer(__name__)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -74,6 +78,7 @@ class CheckpointManager:
                  after_write: Callable[[], None] | None = None,
                  state_dir: str | os.PathLike[str] | None = None) -> None:
         self.job = check_job(job)
+        ensure_task_tracing()  # a rank of a traced task: its saves show in the task's trace
         self._state_dir = state_dir
         self.rank = _env_int("FF_RANK", 0) if rank is None else rank
         self.world_size = _env_int("FF_WORLD_SIZE", 1) if world_size is None else world_size
@@ -165,9 +170,12 @@ class CheckpointManager:
             if self._last_step is not None and step <= self._last_step:
                 raise FailedPrecondition(f"step {step} is not after the last saved step {self._last_step} of "
                                          f"job {self.job}", job=self.job, step=step, last_step=self._last_step)
-            snap = self._snap.take(state)  # the training stall; raises on bad state
+            with _tracer.start_as_current_span("ckpt.snapshot", attributes={"ckpt.job": self.job, "ckpt.step": step,
+                                                                           "ckpt.rank": self.rank}):
+                snap = self._snap.take(state)  # the training stall; raises on bad state
             self._last_save_at = self.clock.monotonic()
-            fut = self._writer.submit(self._write, step, snap, meta)
+            # the writer thread's spans are children of the caller's (a thread starts with no context)
+            fut = self._writer.submit(self._write, step, snap, meta, otel_context.get_current())
             self._inflight = fut
         if blocking:
             self._wait_inflight()
@@ -185,21 +193,36 @@ class CheckpointManager:
             return None
         return self.save(step, state, meta=meta)
 
-    def _write(self, step: int, snap: Snapshot, meta: dict[str, str]) -> CheckpointRecord:
+    def _write(self, step: int, snap: Snapshot, meta: dict[str, str],
+               parent: otel_context.Context | None = None) -> CheckpointRecord:
+        # one span per save with a child per phase (begin, pack, write, commit): what the waterfall of a
+        # task's trace shows of its checkpoints (docs/tracing.md)
+        with _tracer.start_as_current_span("ckpt.save", context=parent, attributes={
+                "ckpt.job": self.job, "ckpt.step": step, "ckpt.rank": self.rank}) as span:
+            out = self._write_phases(step, snap, meta)
+            span.set_attribute("ckpt.id", out.id)
+            return out
+
+    def _write_phases(self, step: int, snap: Snapshot, meta: dict[str, str]) -> CheckpointRecord:
         rec: CheckpointRecord | None = None
         try:
             t0 = time.perf_counter()
-            rec = self.catalog.begin(self.job, step, self.world_size, meta, retention=self.retention)
-            snap.wait()  # the device-to-host copies overlap the begin round trip
+            with _tracer.start_as_current_span("ckpt.begin"):
+                rec = self.catalog.begin(self.job, step, self.world_size, meta, retention=self.retention)
+                snap.wait()  # the device-to-host copies overlap the begin round trip
             t1 = time.perf_counter()
             # shards are images of arena regions, written in whole chunks (shard.pack)
-            index, layouts = pack(snap.flat, rank=self.rank, shard_bytes=self.shard_bytes,
-                                  arena_offsets=snap.offsets if snap.arena is not None else None)
+            with _tracer.start_as_current_span("ckpt.pack"):
+                index, layouts = pack(snap.flat, rank=self.rank, shard_bytes=self.shard_bytes,
+                                      arena_offsets=snap.offsets if snap.arena is not None else None)
             t2 = time.perf_counter()
-            nbytes = write_shards(self._pfs, rec.directory, index, snap.flat, layouts=layouts, arena=snap.arena)
+            with _tracer.start_as_current_span("ckpt.write") as sp:
+                nbytes = write_shards(self._pfs, rec.directory, index, snap.flat, layouts=layouts, arena=snap.arena)
+                sp.set_attribute("ckpt.nbytes", nbytes)
             t3 = time.perf_counter()
-            data = write_index(self.fs, rec.directory, index)
-            out: CheckpointRecord = self.catalog.commit_shard(rec.id, self.rank, index_digest(data), nbytes)
+            with _tracer.start_as_current_span("ckpt.commit"):
+                data = write_index(self.fs, rec.directory, index)
+                out: CheckpointRecord = self.catalog.commit_shard(rec.id, self.rank, index_digest(data), nbytes)
             t4 = time.perf_counter()
             self.last_timings = {"begin_s": t1 - t0, "pack_crc_s": t2 - t1, "write_s": t3 - t2, "commit_s": t4 - t3}
             self._last_step = step
@@ -278,6 +301,11 @@ class CheckpointManager:
         only the subtrees under ``keys`` when given.  A checkpoint saved by one rank (replicated
         data-parallel state) is loaded by every rank."""
         self._check_open()
+        with _tracer.start_as_current_span("ckpt.load", attributes={"ckpt.job": self.job, "ckpt.rank": self.rank}):
+            return self._load(step, keys, map_location, rank)
+
+    def _load(self, step: int | None, keys: Iterable[str | Sequence[Any]] | None, map_location: Any,
+              rank: int | None) -> Any:
         rec = self.load_record(step)
         rank = self.rank if rank is None else rank
         src = 0 if rec.world_size == 1 else rank

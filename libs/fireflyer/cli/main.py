@@ -56,6 +56,8 @@ COMMAND_MODULES = [
     "fireflyer.cli.task",
     "fireflyer.cli.health",
     "fireflyer.cli.plan",
+    "fireflyer.cli.trace",
+    "fireflyer.cli.ui",
 ]
 
 

@@ -71,6 +71,9 @@ class ServiceEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     env: dict[str, str] = msgspec.field(default_factory=dict)
     #: overrides [cluster] ready_timeout_s for this service
     ready_timeout_s: float | None = None
+    #: the service also serves HTTP (the dashboard): each instance gets a free port as FF_HTTP_PORT
+    #: (host FF_HTTP_HOST) and cluster.json records it as the instance's ``http_address``
+    http: bool = False
 
     def instances(self) -> list[str]:
         """Instance names, ``<name>-<i>``; also the log file stems and FF_INSTANCE values."""

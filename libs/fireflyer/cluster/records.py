@@ -80,6 +80,8 @@ class ProcessRecord(msgspec.Struct, frozen=True, kw_only=True):
     started_at: float
     #: ``host:port`` of its Prometheus endpoint (``GET /metrics``); "" if ff up gave it none
     metrics: str = ""
+    #: "host:port" of its HTTP server, for a service with ``http = true`` (the dashboard); else ""
+    http_address: str = ""
 
 
 class ClusterRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -246,19 +246,23 @@ def address_env(planned: Sequence[tuple[str, str]]) -> dict[str, str]:
 def _start_services(cfg: ClusterConfig, paths: StatePaths, env: Mapping[str, str], cwd: Path, nats_url: str,
                     tokens: TokensFile, started: list[_Started]) -> None:
     """Spawn every instance, appending to ``started`` as it goes (the caller cleans up on error)."""
-    total = sum(s.replicas for s in cfg.service)
-    # a gRPC port and a metrics port per process
-    ports = iter(free_ports(2 * total, RPC_HOST))
+    # a gRPC port and a metrics port per process, and an HTTP port for a service with ``http = true``
+    total = sum(s.replicas * (3 if s.http else 2) for s in cfg.service)
+    ports = iter(free_ports(total, RPC_HOST))
     planned = [(entry, instance, next(ports), next(ports)) for entry in cfg.service
                for instance in entry.instances()]
+    http_ports = {instance: next(ports) for entry, instance, _, _ in planned if entry.http}
     addresses = address_env([(entry.name, f"{RPC_HOST}:{port}") for entry, _, port, _ in planned])
     for entry, instance, port, metrics_port in planned:
         log_path = paths.log_for(instance)
         credential = tokens.for_service(entry.name)
         assert credential is not None  # ensure_tokens made one per service of the config
         # the cluster's addresses first, so an entry's own env can still override one
+        http_address = f"{RPC_HOST}:{http_ports[instance]}" if instance in http_ports else ""
+        extra = ({"FF_HTTP_HOST": RPC_HOST, "FF_HTTP_PORT": str(http_ports[instance]), **entry.env} if http_address
+                 else entry.env)
         child_env = _service_env({**env, **addresses}, paths=paths, nats_url=nats_url, port=port,
-                                 instance=instance, service_token=credential.token, extra=entry.env,
+                                 instance=instance, service_token=credential.token, extra=extra,
                                  metrics_port=metrics_port)
         popen = spawn([sys.executable, "-m", entry.module, *entry.args], env=child_env, cwd=cwd,
                       log_path=log_path)
@@ -266,7 +270,7 @@ def _start_services(cfg: ClusterConfig, paths: StatePaths, env: Mapping[str, str
         rec = ProcessRecord(name=entry.name, instance=instance, module=entry.module, pid=popen.pid,
                             start_ticks=seen.start_ticks if seen else None, address=f"{RPC_HOST}:{port}",
                             log=str(log_path), started_at=time.time(),
-                            metrics=metrics_address(entry.env, metrics_port))
+                            metrics=metrics_address(entry.env, metrics_port), http_address=http_address)
         started.append(_Started(rec, popen, cfg.ready_timeout_for(entry)))
 
 

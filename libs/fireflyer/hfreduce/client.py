@@ -122,6 +122,8 @@ class Work:
         self._done = False
         self._error: BaseException | None = None
         self.head_since = time.monotonic()
+        # only when the process traces (comm._tracer): the op's span is written when it resolves
+        self._started_ns = time.time_ns() if comm._tracer is not None else 0
 
     def _is_done(self) -> bool:
         return self._done
@@ -137,6 +139,20 @@ class Work:
                 error = e
         self._error = error
         self._done = True
+        if self._started_ns:
+            self._span(error)
+
+    def _span(self, error: BaseException | None) -> None:
+        """One span per op, from submit to result (after the fact, so an async op needs no open span)."""
+        from opentelemetry.trace import Status, StatusCode
+
+        comm = self.comm
+        sp = comm._tracer.start_span(f"hfreduce.{self.kind}", start_time=self._started_ns, attributes={
+            "hfreduce.comm": comm.name, "hfreduce.seq": self.seq, "hfreduce.rank": comm.rank,
+            "hfreduce.world_size": comm.world_size, "hfreduce.nbytes": int(getattr(self.obj, "nbytes", 0) or 0)})
+        if error is not None:
+            sp.set_status(Status(StatusCode.ERROR, str(error)))
+        sp.end()
 
     def is_completed(self) -> bool:
         if not self._done:
@@ -217,6 +233,7 @@ class Communicator:
         self._closed = False
         self._cuda: Any = None
         self._staging = _Staging(self)
+        self._tracer = _op_tracer()
         sock = _connect(socket, connect_timeout_s, node_rank)
         sock.settimeout(connect_timeout_s)  # a hung worker must not hang init() (recv -> None -> PeerLost)
         self._chan = Channel(sock)
@@ -663,6 +680,16 @@ def _connect(path: str, timeout_s: float, node_rank: int) -> _socket.socket:
 
 _ENV = {"rank": "FF_RANK", "world_size": "FF_WORLD_SIZE", "local_rank": "FF_LOCAL_RANK",
         "local_world_size": "FF_LOCAL_WORLD_SIZE", "node_rank": "FF_NODE_RANK", "nnodes": "FF_NNODES"}
+
+
+def _op_tracer() -> Any:
+    """The tracer for op spans, or None when this process does not trace (the common case: then an op
+    costs no OpenTelemetry call at all).  A rank of a traced task sets tracing up here
+    (:func:`fireflyer.telemetry.ensure_task_tracing`)."""
+    from fireflyer.telemetry import ensure_task_tracing, tracer, tracing_configured
+
+    ensure_task_tracing()
+    return tracer("fireflyer.hfreduce.client") if tracing_configured() else None
 
 
 def init(*, rank: int | None = None, world_size: int | None = None, local_rank: int | None = None,

@@ -23,9 +23,10 @@ SUSPEND_FILE_ENV = "FF_SUSPEND_FILE"
 #: torch's default rendezvous port, used when the task names none
 DEFAULT_MASTER_PORT = 29500
 #: variables of the agent's own environment that never reach a task: its credential and its
-#: own service identity (a task gets its user's token in the task's env instead)
+#: own service identity (a task gets its user's token in the task's env instead); a trace context
+#: of the agent's own (a task gets the one of its StartTask, fireflyer.telemetry.taskctx)
 PRIVATE_PREFIXES = ("FF_TOKEN", "FF_AUTH_", "FF_INSTANCE", "FF_RPC_", "FF_AGENT_", "FF_NODE_", "FF_LOG_", "FF_TELEMETRY_",
-                    "FF_GRACE_S")
+                    "FF_GRACE_S", "TRACEPARENT", "TRACESTATE")
 
 
 def inherited_env(agent_env: Mapping[str, str]) -> dict[str, str]:

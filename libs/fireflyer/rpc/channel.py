@@ -23,6 +23,7 @@ import grpc
 from grpc.aio._channel import Channel as _AioChannel
 
 from fireflyer.core.config import RpcSettings
+from fireflyer.telemetry import ensure_task_tracing
 
 from .calls import TypedUnaryUnaryCall
 from .interceptors import UnaryUnaryCaller, client_interceptors
@@ -97,6 +98,8 @@ def connect(address: str, *, token: str | None = None, settings: RpcSettings | N
     grpc.aio channel closes itself under its stubs.
     """
     settings = settings or RpcSettings()
+    # a traced task's rank process traces its calls as part of the task's trace (no-op elsewhere)
+    ensure_task_tracing()
     if token is None:
         token = os.environ.get("FF_TOKEN") or None
     deadline = settings.default_deadline_s if settings.default_deadline_s > 0 else None

@@ -53,6 +53,8 @@ class RankLaunch(msgspec.Struct, frozen=True, kw_only=True):
     #: the submitter's bearer token, the ranks' FF_TOKEN (docs/scheduler.md, "The task's credential");
     #: never logged
     token: str = ""
+    #: the chain's trace context (W3C traceparent; ``Task.trace_context``), "" when untraced
+    traceparent: str = ""
 
     def __repr__(self) -> str:  # the token stays out of logs and tracebacks
         return f"RankLaunch(task_id={self.task_id}, rank={self.rank}, nodes={self.nodes!r})"

@@ -158,7 +158,7 @@ def finish(rec: RunRecord, now: float, next_id: int) -> tuple[RunRecord, RunReco
         if unschedulable else 0.0
     nxt = Task(id=next_id, chain_id=t.chain_id, spec=spec, submitted_at=t.submitted_at,
                restart_count=t.restart_count + 1, whole_life_state=t.whole_life_state,
-               chain_status=SUSPENDED, queue_status=QUEUED)
+               chain_status=SUSPENDED, queue_status=QUEUED, trace_context=t.trace_context)
     why = ", ".join(stop_reasons(code)).lower() or "requeued"
     return done, RunRecord(task=nxt, held=rec.hold_next, failures=failures, unschedulable=unschedulable,
                            not_before=now + backoff if backoff else None,

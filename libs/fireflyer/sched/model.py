@@ -219,6 +219,9 @@ class Task(msgspec.Struct, kw_only=True):
     stop_code: StopCode = StopCode.NONE
     suspend_code: SuspendCode = SuspendCode.NONE
     ranks: tuple[RankStatus, ...] = ()
+    #: W3C ``traceparent`` of the chain's submission (the scheduler's ``task.submit`` span): every
+    #: run's StartTask calls and rank processes join that trace (docs/tracing.md); "" when untraced
+    trace_context: str = ""
 
     @property
     def waiting(self) -> bool:

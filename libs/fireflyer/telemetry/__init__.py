@@ -15,8 +15,9 @@ from callers that do not trace are recorded at a ratio (``sampling.py``).
 
 from .propagation import extract, inject, trace_id_hex
 from .sampling import DEFAULT_UNTRACED_SERVER_RATIO, UntracedServerRatio, default_sampler
-from .setup import setup_tracing, shutdown_tracing, tracer, tracing_configured
+from .setup import ensure_task_tracing, setup_tracing, shutdown_tracing, tracer, tracing_configured
 from .spanfile import JsonLinesSpanExporter, read_spans
+from .taskctx import TRACEPARENT_ENV, env_parent, traceparent_env
 
 __all__ = [
     "setup_tracing",
@@ -31,4 +32,8 @@ __all__ = [
     "default_sampler",
     "UntracedServerRatio",
     "DEFAULT_UNTRACED_SERVER_RATIO",
+    "TRACEPARENT_ENV",
+    "ensure_task_tracing",
+    "env_parent",
+    "traceparent_env",
 ]
