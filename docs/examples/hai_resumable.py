@@ -11,7 +11,9 @@ line per step (``step N restart R``); the whole-life state counts the runs that 
 
 Options: ``--steps`` (total), ``--step-s`` (seconds per step), ``--name`` (checkpoint name; default
 ``hai-<chain id>``), ``--local`` (keep checkpoints in this directory instead of the checkpoint
-service: for simulate mode without a cluster).
+service: for simulate mode without a cluster), ``--save-every N`` (also save every N steps, so a
+run stopped without warning -- a drained node -- resumes near where it was), ``--slow-file PATH``
+(a drill: :mod:`fireflyer.hai.faults`).
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-s", type=float, default=0.1)
     ap.add_argument("--name", default="")
     ap.add_argument("--local", default="")
+    ap.add_argument("--save-every", type=int, default=0, help="also save every N steps (0: only when suspended)")
+    ap.add_argument("--slow-file", default=None, help="fault injection (fireflyer.hai.faults): slow this node")
     args = ap.parse_args(argv)
 
     from fireflyer import hai
     from fireflyer.ckpt import CheckpointManager
+    from fireflyer.hai.faults import injected_delay
 
     rank = int(os.environ.get("FF_NODE_RANK", "0"))
     nnodes = int(os.environ.get("FF_NNODES", "1"))
@@ -55,9 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     weights = np.zeros(4, dtype=np.float32)
     for step in range(start, args.steps):
         weights += 1.0
-        time.sleep(args.step_s)
+        time.sleep(args.step_s + injected_delay(args.slow_file))
         if rank == 0:
             print(f"step {step} restart {restart}", flush=True)
+        if args.save_every and (step + 1) % args.save_every == 0:
+            mgr.save(step + 1, {"step": step + 1, "weights": weights}, blocking=True).result()
+            print(f"rank {rank} saved step {step + 1}", flush=True)
         if hai.suspend_requested(comm):
             t0 = time.monotonic()
             mgr.save(step + 1, {"step": step + 1, "weights": weights}, blocking=True).result()

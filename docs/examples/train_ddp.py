@@ -37,22 +37,6 @@ import sys
 import time
 
 
-def _injected_delay(path: str | None) -> float:
-    """The extra seconds per step ``--slow-file`` asks of this node (0 when it names another)."""
-    if not path:
-        return 0.0
-    try:
-        lines = open(path).read().split()
-    except OSError:
-        return 0.0
-    if not lines or lines[0] != os.environ.get("FF_NODE_NAME", ""):
-        return 0.0
-    try:
-        return float(lines[1]) if len(lines) > 1 else 1.0
-    except ValueError:
-        return 1.0
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=40, help="train until this step (default 40)")
@@ -70,6 +54,7 @@ def main() -> int:
 
     from fireflyer import hai
     from fireflyer.ckpt import CheckpointManager
+    from fireflyer.hai.faults import injected_delay
     from haiscale.ddp import DistributedDataParallel
 
     torch.manual_seed(int(os.environ.get("FF_RANK", "0")))  # ranks start apart: the wrapper syncs rank 0's
@@ -109,7 +94,7 @@ def main() -> int:
             opt.step()
             if args.step_s > 0:
                 time.sleep(args.step_s)
-            time.sleep(_injected_delay(args.slow_file))
+            time.sleep(injected_delay(args.slow_file))  # --slow-file: a drill for the health service
             # a collective (every rank, every step): if any rank saw the flag, all stop at this step
             suspend = hai.suspend_requested(model.comm)
             if step % args.save_every == 0 or step == args.steps or suspend:

@@ -17,7 +17,6 @@ optional), traces (from the span file; a user sees the traces of their own task 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
 from typing import Any
 from urllib.parse import quote
@@ -143,24 +142,19 @@ class Dashboard:
 
     async def _health_section(self, token: str, method: str, request: str) -> str:
         """The health service's answer as a table, when that service runs (it is optional)."""
+        from fireflyer.api.health.v1 import health_pb2 as hpb
+        from fireflyer.api.health.v1 import health_pb2_grpc as hpb_grpc
+
         if not self.health_addr:
             return "<p class='dim'>no health service in this cluster</p>"
-        try:
-            pb = importlib.import_module("fireflyer.api.health.v1.health_pb2")
-            grpc_mod = importlib.import_module("fireflyer.api.health.v1.health_pb2_grpc")
-        except ImportError:
-            return "<p class='dim'>this build has no health service API</p>"
         from google.protobuf.json_format import MessageToDict
 
         from fireflyer.rpc import connect
 
         try:
             async with connect(self.health_addr.split(",")[0], token=token) as ch:
-                stub = grpc_mod.HealthServiceStub(ch)
-                call = getattr(stub, method, None)
-                if call is None or not hasattr(pb, request):
-                    return f"<p class='dim'>the health service has no {esc(method)}</p>"
-                reply = MessageToDict(await call(getattr(pb, request)(), timeout=5.0))
+                stub = hpb_grpc.HealthServiceStub(ch)
+                reply = MessageToDict(await getattr(stub, method)(getattr(hpb, request)(), timeout=5.0))
         except FireFlyerError as e:
             return f"<p class='bad'>health service: {esc(e)}</p>"
         items = next((v for v in reply.values() if isinstance(v, list)), [])

@@ -32,17 +32,26 @@ from typing import Any
 import msgspec
 
 from fireflyer.api.health.v1 import health_pb2_grpc as pb_grpc
+from fireflyer.bus import subjects
 from fireflyer.bus.outbox import Outbox
+from fireflyer.coord.client import CoordClient
 from fireflyer.core.config import ServiceSettings
 from fireflyer.core.errors import FireFlyerError, SettingsError
 from fireflyer.core.runtime import Service, ServiceContext, run_service
-from fireflyer.health.records import STREAM, STREAM_SUBJECTS, NodeVerdict, verdict_subject
+from fireflyer.health.c4 import C4Config
+from fireflyer.health.events import ADVICE_PATTERN, NodeAdvice
+from fireflyer.health.records import STREAM, STREAM_SUBJECTS, IncidentRecord, NodeVerdict, verdict_subject
 from fireflyer.health.states import INCIDENT_LEVEL
+from fireflyer.hfreduce.telemetry import TelemetryBatch
 from fireflyer.kv import KV, aopen_kv
 
 from .core import CoreConfig, HealthCore, plans_for
+from .detectors import AdviceDetector, TelemetryDetector
 from .ports import GrpcAgents, GrpcSched
 from .servicer import SERVICE_NAME, HealthServicer
+
+#: where every HFReduce worker publishes its op telemetry (coord's subscription too)
+TELEMETRY_PATTERN = subjects.pattern("coord", entity="comm", ident="*", event="telemetry")
 
 __all__ = ["HealthSection", "HealthSettings", "HealthService", "kv_url_for", "core_config", "main"]
 
@@ -66,6 +75,20 @@ class HealthSection(msgspec.Struct, frozen=True, kw_only=True):
     validate_timeout_s: float = 7200.0
     #: how long one attempt to publish a verdict waits for JetStream's ack (the outbox retries)
     publish_timeout_s: float = 2.0
+    #: C4 over the HFReduce telemetry stream (services.health.detectors); off: no subscription
+    c4_enabled: bool = True
+    #: the hang deadline: HFReduce's op timeout (FF_HFREDUCE_TIMEOUT_S, 60 s by default)
+    c4_deadline_s: float = 60.0
+    #: a slow node must be an outlier in this many of the last ``c4_persist_n`` ops of its communicator
+    #: (a slow compute step shows in the first collective after it: a DDP step of a few buckets and a
+    #: suspend poll gives one lagging op in three or four)
+    c4_persist_k: int = 3
+    c4_persist_n: int = 12
+    c4_z_threshold: float = 6.0
+    c4_min_lag_excess_s: float = 0.05
+    c4_two_node_min_lag_s: float = 0.25
+    #: act on the node agents' Xid / flash-cut advice (ff.node.v1.node.*.advice)
+    advice_enabled: bool = True
 
 
 class HealthSettings(ServiceSettings, frozen=True, kw_only=True):
@@ -79,6 +102,17 @@ def kv_url_for(settings: HealthSettings) -> str:
 def outbox_path(settings: HealthSettings, instance: str) -> Path:
     """``<state_dir>/<instance>.outbox.db``: verdicts not yet acked by JetStream."""
     return Path(settings.state_dir).absolute() / f"{instance}.outbox.db"
+
+
+def c4_config(settings: HealthSettings) -> C4Config:
+    """The C4 thresholds of the settings; a bad combination fails start-up naming the key."""
+    h = settings.health
+    try:
+        return C4Config(deadline_s=h.c4_deadline_s, z_threshold=h.c4_z_threshold, persist_k=h.c4_persist_k,
+                        persist_n=h.c4_persist_n, nic_spread_k=min(4, h.c4_persist_n),
+                        min_lag_excess_s=h.c4_min_lag_excess_s, two_node_min_lag_s=h.c4_two_node_min_lag_s).validate()
+    except FireFlyerError as e:
+        raise SettingsError(str(e), key="health.c4_*", expected="deadline and z > 0, 1 <= persist_k <= persist_n") from e
 
 
 def core_config(settings: HealthSettings) -> CoreConfig:
@@ -123,6 +157,9 @@ class HealthService(Service):
         self._agents: GrpcAgents | None = None
         self._outbox: Outbox | None = None
         self._ctx: ServiceContext | None = None
+        self._coord: CoordClient | None = None
+        self.c4: TelemetryDetector | None = None
+        self.advice: AdviceDetector | None = None
 
     async def start(self, ctx: ServiceContext) -> None:
         settings: HealthSettings = self.settings  # type: ignore[assignment]
@@ -147,8 +184,32 @@ class HealthService(Service):
                                log=ctx.log, publish=self._publish)
         ctx.add_servicer(pb_grpc.add_HealthServiceServicer_to_server, HealthServicer(self.core), SERVICE_NAME)
         ctx.spawn(self.core.loop(), name="health-tick")
+        await self._start_detectors(ctx, settings)
         ctx.log.info("health.starting", kv=kv_url_for(settings).split("@")[-1], sched=sched_addr,
                      periodic_interval_s=cfg.periodic_interval_s, sizes=settings.health.sizes)
+
+    async def _start_detectors(self, ctx: ServiceContext, settings: HealthSettings) -> None:
+        """Subscribe the C4 and advice detectors (their own queue group: coord keeps every batch)."""
+        assert self.core is not None
+        core = self.core
+        if ctx.bus is None:
+            return
+
+        async def report(rec: IncidentRecord) -> Any:
+            return await core.report_incident(rec, reporter="health")
+        coord_addr = os.environ.get("FF_COORD_ADDR", "").split(",")[0]
+        if settings.health.c4_enabled and coord_addr:
+            self._coord = CoordClient(coord_addr, token=settings.token or None)
+            self.c4 = TelemetryDetector(c4_config(settings), lookup=self._coord, report=report, clock=ctx.clock,
+                                        log=ctx.log)
+            for pat in (TELEMETRY_PATTERN, subjects.owned_pattern(TELEMETRY_PATTERN)):
+                await ctx.subscribe(pat, self.c4.on_batch, types=TelemetryBatch, queue="health-c4")
+            ctx.spawn(self.c4.loop(), name="health-c4")
+        elif settings.health.c4_enabled:
+            ctx.log.info("health.c4_off", reason="no coordination service (FF_COORD_ADDR) to name node ranks")
+        if settings.health.advice_enabled:
+            self.advice = AdviceDetector(report=report, log=ctx.log)
+            await ctx.subscribe(ADVICE_PATTERN, self.advice.on_advice, types=NodeAdvice, queue="health-advice")
 
     def _publish(self, verdict: NodeVerdict) -> None:
         if self._outbox is not None:
@@ -159,7 +220,7 @@ class HealthService(Service):
             await self.core.stop()
         if self._outbox is not None:
             await self._outbox.stop(drain_s=2.0)
-        for port in (self._sched, self._agents):
+        for port in (self._sched, self._agents, self._coord):
             if port is not None:
                 await port.close()
         if self.kv is not None:

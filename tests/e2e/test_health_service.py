@@ -5,6 +5,9 @@ and the health service.
 - an incident reported against the node running a task drains it at the scheduler (``ff nodes``
   shows it drained), the task is requeued onto another node (HOOK_RESTART, not finished), the node
   is validated once free and returns to service;
+- a 2-node task with one node made slow (``hai_resumable.py --slow-file``): the health service's C4
+  detector names that node from the HFReduce telemetry within a few operations, drains it, the task
+  restarts from its checkpoint on the two healthy nodes, and the node returns after validation;
 - a fault-injected validation fails and leaves the node drained.
 """
 
@@ -12,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -23,9 +28,11 @@ from fireflyer.api.health.v1 import health_pb2 as hpb
 from fireflyer.api.scheduler.v1 import scheduler_pb2 as spb
 from fireflyer.health.client import HealthClient
 from fireflyer.sched.client import SchedClient
-from fireflyer.testing.cluster import LocalCluster, run_ff, started_cluster
+from fireflyer.testing.cluster import REPO_ROOT, LocalCluster, run_ff, started_cluster
 
 pytestmark = pytest.mark.timeout(300)
+
+EXAMPLE = REPO_ROOT / "docs" / "examples" / "hai_resumable.py"
 
 CLUSTER_TOML = """
 [cluster]
@@ -34,6 +41,11 @@ stop_timeout_s = 10.0
 
 [nats]
 port = 0
+
+[[service]]
+name = "coord"
+module = "services.coord"
+replicas = 1
 
 [[service]]
 name = "scheduler"
@@ -82,6 +94,12 @@ def _health_nodes(cluster: LocalCluster) -> dict[str, Any]:
     res = _ff(cluster, "health", "nodes", "--json")
     assert res.returncode == 0, res.stderr
     return {n["name"]: n for n in json.loads(res.stdout)}
+
+
+def _task_log(cluster: LocalCluster, task: int, rank: int = 0) -> str:
+    async def go(c: SchedClient) -> str:
+        return b"".join([d async for d in c.logs(task, rank)]).decode(errors="replace")
+    return str(_sched(cluster, go))
 
 
 def _sched(cluster: LocalCluster, fn: Callable[[SchedClient], Any]) -> Any:
@@ -149,6 +167,54 @@ def test_an_incident_drains_the_node_requeues_its_task_and_validation_returns_it
     assert "(level 2) PASS" in show.stdout and f"enabled {bad} at the scheduler" in show.stdout, show.stdout
     listed = _ff(cluster, "health", "incidents", "--json")
     assert inc.id in [i["id"] for i in json.loads(listed.stdout)]
+    _sched(cluster, lambda c: c.stop(tid))
+
+
+def test_a_slow_node_is_named_drained_and_the_task_restarts_from_its_checkpoint(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    slow = tmp_path / "slow-node"
+    ckpts = tmp_path / "ckpts"
+    cmd = [sys.executable, str(EXAMPLE), "--steps", "2000", "--step-s", "0.1", "--save-every", "5",
+           "--local", str(ckpts), "--name", "e2e-c4", "--slow-file", str(slow)]
+    chain = _sched(cluster, lambda c: c.submit(spb.TaskSpec(name="c4", nodes=2, priority="NORMAL", command=cmd,
+                                                            max_restarts=3)))
+    tid = int(chain.chain_id)
+
+    def stepping() -> Any:
+        r = _sched(cluster, lambda c: c.get(tid)).runs[-1]
+        return r if (r.ranks and all(k.state == "running" for k in r.ranks)
+                     and "rank 0 saved step 5" in _task_log(cluster, tid)) else None
+    first = _poll(stepping, "the 2-node task steps and saves", 90, 0.5)
+    victim = first.nodes[1]
+    slow.write_text(f"{victim}\n0.6\n")
+    t0 = time.monotonic()
+
+    async def incidents() -> list[hpb.Incident]:
+        async with HealthClient(cluster.address("health"), token=cluster.admin_token) as c:
+            return list(await c.incidents())
+    inc = _poll(lambda: next((i for i in asyncio.run(incidents()) if i.kind.startswith("c4.")), None),
+                "a C4 incident", 60, 0.5)
+    named_s = time.monotonic() - t0
+    evidence = json.loads(inc.evidence_json)
+    assert (inc.kind, inc.node, inc.job) == ("c4.noncomm_slow", victim, str(tid)), inc
+    assert len(evidence["ops"]) >= 3 and evidence["ops"][-1] - evidence["ops"][0] <= 11, evidence
+    slow.unlink()  # the node "recovers", so its validation can pass
+
+    def moved() -> Any:
+        runs = _sched(cluster, lambda c: c.get(tid)).runs
+        r = runs[-1]
+        return runs if (len(runs) >= 2 and r.ranks and all(k.state == "running" for k in r.ranks)) else None
+    runs = _poll(moved, "the task restarts on the healthy nodes", 60, 0.5)
+    restarted_s = time.monotonic() - t0
+    assert "HOOK_RESTART" in runs[-2].stop_reasons and victim not in runs[-1].nodes, runs[-1]
+    assert _sched_nodes(cluster)[victim]["state"] in ("drained", "enabled")
+    resumed = _poll(lambda: re.search(r"rank 0 start at step (\d+) restart 1", _task_log(cluster, tid)),
+                    "the new run loads the checkpoint", 60, 0.5)
+    assert int(resumed.group(1)) >= 5, "it resumed from a checkpoint, not from step 0"
+    _poll(lambda: _health_nodes(cluster)[victim]["state"] == "healthy", f"{victim} validated and back", 90, 0.5)
+    assert _sched_nodes(cluster)[victim]["state"] == "enabled"
+    print(f"C4: {victim} named {named_s:.1f} s after it was slowed, over ops {evidence['ops']}; "
+          f"the task ran again on {', '.join(runs[-1].nodes)} {restarted_s:.1f} s after, from step {resumed.group(1)}")
     _sched(cluster, lambda c: c.stop(tid))
 
 

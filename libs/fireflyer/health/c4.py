@@ -11,7 +11,8 @@ comparable across nodes, so a node or link at fault shows up as the odd one out 
   endpoint of the stalled connections (a node's NIC) or, when they are one pair, that link;
 - **non-communication slow**: a node's arrival lag is an outlier by a robust z-score
   (``(x - median) / (1.4826 * MAD)``) in ``persist_k`` of its last ``persist_n`` ops ->
-  that node (throttled GPU/CPU, noisy neighbour);
+  that node (throttled GPU/CPU, noisy neighbour); with two nodes there is no majority to score
+  against, so the later one counts when it is ``two_node_min_lag_s`` behind the other;
 - **communication slow**: outlier cells of the op's transfer-time matrix (``src -> dst``
   seconds in socket calls): two or more in one row or column -> that node's NIC, a lone
   cell -> that link; again only when it persists ``persist_k`` of ``persist_n`` ops.
@@ -67,6 +68,9 @@ class C4Config(msgspec.Struct, frozen=True, kw_only=True):
     mad_floor_s: float = 1e-4
     #: an arrival lag must also exceed the median by this much, and by ``min_rel_excess`` of the op time
     min_lag_excess_s: float = 0.02
+    #: two nodes have no majority to score against: the later one is an outlier when it arrives this
+    #: much after the other (and ``min_rel_excess`` of the op time), persisting like any slow syndrome
+    two_node_min_lag_s: float = 0.25
     #: a transfer cell must exceed the median cell by this much, and by ``min_rel_excess`` of it
     min_edge_excess_s: float = 0.01
     min_rel_excess: float = 0.1
@@ -273,6 +277,19 @@ class C4Detector:
                         at=op.t0 + float(arr[n]), action=DRAIN_AND_RESTART,
                         detail=f"node {node} arrived {arr[n] - med:.3f}s after the median node (z {z[n]:.1f}) "
                                f"in {len(ops)} of the last {cfg.persist_n} ops"))
+        elif len(arr) == 2:
+            lag = float(abs(arr[1] - arr[0]))
+            n = 1 if arr[1] > arr[0] else 0
+            if lag > max(cfg.two_node_min_lag_s, cfg.min_rel_excess * span):
+                node = int(idx[n])
+                late.append(node)
+                ops = self._persist.hit(("lag", node), op.seq)
+                if ops is not None:
+                    out += self._new(Incident(
+                        syndrome=NONCOMM_SLOW, target="node", nodes=[node], seq=op.seq, ops=ops,
+                        scores={"lag_s": lag}, at=op.t0 + float(arr[n]), action=DRAIN_AND_RESTART,
+                        detail=f"node {node} arrived {lag:.3f}s after the other node of two in {len(ops)} of "
+                               f"the last {cfg.persist_n} ops"))
         if op.edge_s is not None and len(op.edge_s) >= 3:
             out += self._edges(op, late)
         if self._ops_seen % (4 * cfg.persist_n) == 0:
