@@ -24,7 +24,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m fireflyer.hfreduce.precompile
 	@# the dashboard's browser test (tests/e2e/test_dashboard.py) needs chromium; under CI it fails without it
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
-	  { command -v apt-get >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; } || \
+	  { command -v apt-get >/dev/null && { apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null; }; }; } || \
 	  echo "WARNING: chromium/chromedriver missing and not installable with apt-get: the dashboard e2e test skips (fails under CI=true)" >&2
 	touch $(STAMP)
 
