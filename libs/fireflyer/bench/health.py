@@ -17,6 +17,10 @@ a hung op is polled every ``--poll-s`` simulated seconds from its start.  Scored
 Goals: precision and recall >= 0.99, a slow node named within 5 ops, a hang named within the op
 deadline + 2 s, zero incidents on the clean ops.  The flash-cut policy's Table VIII replay
 (:mod:`fireflyer.health.flashcut`) is reported alongside.  Deterministic: ``--seed``.
+
+``--e2e`` measures on a running local cluster instead (:mod:`fireflyer.bench.health_e2e`): from a
+node made slow under a 2-node task to the task running again on healthy nodes from its checkpoint,
+against the checkpoint interval.
 """
 
 from __future__ import annotations
@@ -174,8 +178,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--slow-factor", type=float, default=MAGNITUDE["slow_cell"],
                    help="how much slower the slow cell and NIC row are (default 3)")
     p.add_argument("--poll-s", type=float, default=0.5, help="how often a hung op is polled (default 0.5)")
+    live = p.add_argument_group("end to end on a running local cluster (instead of the synthetic traces): "
+                                "fault -> the task running again, against the checkpoint interval")
+    live.add_argument("--e2e", action="store_true", help="slow one node of a 2-node task and time its naming, "
+                      "drain and restart from the checkpoint (the cluster must be idle, with 3 nodes)")
+    live.add_argument("--state-dir", default=None, help="the cluster (default FF_STATE_DIR or .ff)")
+    live.add_argument("--iterations", type=int, default=3, help="faults measured (default 3)")
+    live.add_argument("--save-every", type=int, default=5, help="the task saves every K steps (default 5)")
+    live.add_argument("--step-s", type=float, default=0.1, help="the task's seconds of work per step (default 0.1)")
+    live.add_argument("--slow-s", type=float, default=0.6, help="seconds the fault adds to each step of the "
+                      "victim (default 0.6)")
+    live.add_argument("--timeout", type=float, default=120.0, help="seconds each stage may take (default 120)")
     add_json_option(p)
     ns = p.parse_args(argv)
+    if ns.e2e:
+        from fireflyer.bench.health_e2e import bench_health_e2e, print_e2e
+
+        if ns.iterations < 1 or ns.save_every < 1 or ns.step_s <= 0 or ns.slow_s <= 0 or ns.timeout <= 0:
+            p.error("--iterations and --save-every must be >= 1, --step-s, --slow-s and --timeout > 0")
+        live_result = bench_health_e2e(ns.state_dir, iterations=ns.iterations, save_every=ns.save_every,
+                                       step_s=ns.step_s, slow_s=ns.slow_s, timeout_s=ns.timeout)
+        return emit(ns.json, live_result, lambda: print_e2e(live_result))
     try:
         sizes = [int(x) for x in ns.nodes.split(",") if x]
         clean = [int(x) for x in ns.clean_ops.split(",") if x]
