@@ -188,7 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     live.add_argument("--step-s", type=float, default=0.1, help="the task's seconds of work per step (default 0.1)")
     live.add_argument("--slow-s", type=float, default=0.6, help="seconds the fault adds to each step of the "
                       "victim (default 0.6)")
-    live.add_argument("--timeout", type=float, default=120.0, help="seconds each stage may take (default 120)")
+    live.add_argument("--timeout", type=float, default=120.0, help="seconds the first run may take to save, and (twice "
+                      "this) the fault to be named, the task to restart and the node to be back (default 120)")
     add_json_option(p)
     ns = p.parse_args(argv)
     if ns.e2e:
