@@ -250,54 +250,56 @@ def test_a_stalled_hfreduce_link_names_the_node_within_the_op_deadline_and_the_t
         r = _sched(cluster, lambda c: c.get(tid)).runs[-1]
         return r if (r.ranks and all(k.state == "running" for k in r.ranks)
                      and "rank 0 saved step 5" in _task_log(cluster, tid)) else None
-    first = _poll(stepping, "the 2-node task steps and saves", 90, 0.5)
-    victim = first.nodes[1]
-    healthy = sorted({"node0", "node1", "node2"} - {victim})
-    pid = _worker_pid(cluster, victim)
-    os.kill(pid, signal.SIGSTOP)
-    t0 = time.monotonic()
-
-    async def incidents() -> list[hpb.Incident]:
-        async with HealthClient(cluster.address("health"), token=cluster.admin_token) as c:
-            return list(await c.incidents())
     try:
-        inc = _poll(lambda: next((i for i in asyncio.run(incidents()) if i.job == str(tid)), None),
-                    "a C4 incident for the stalled task", OP_DEADLINE_S + 10, 0.2)
-        named_s = time.monotonic() - t0
-    finally:
-        # the link comes back, so the node's validation can pass (the worker may already be gone:
-        # the agent kills it when the run on the node ends)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
-    evidence = json.loads(inc.evidence_json)
-    assert inc.kind in ("c4.noncomm_hang", "c4.comm_hang") and inc.node == victim, (inc.kind, inc.node, inc.summary)
-    assert evidence["node_ranks"] == [1] and evidence["generation"] >= 1, evidence
-    assert named_s <= OP_DEADLINE_S + 5.0, f"named {named_s:.1f} s after the stall"
+        first = _poll(stepping, "the 2-node task steps and saves", 90, 0.5)
+        victim = first.nodes[1]
+        healthy = sorted({"node0", "node1", "node2"} - {victim})
+        pid = _worker_pid(cluster, victim)
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
 
-    def moved() -> Any:
-        runs = _sched(cluster, lambda c: c.get(tid)).runs
-        r = runs[-1]
-        return runs if (r.restart_count >= 1 and r.ranks and all(k.state == "running" for k in r.ranks)
-                        and sorted(r.nodes) == healthy) else None
-    runs = _poll(moved, f"the task runs again on {healthy}", 60, 0.5)
-    restarted_s = time.monotonic() - t0
-    # (which run the drain stopped is a race: the first one fails by itself when its ranks' op fails,
-    # and the scheduler may requeue it onto the stalled node once more before the incident drains it)
-    on_victim = [r.id for r in runs[:-1] if victim in r.nodes]
-    assert on_victim and (inc.task == 0 or inc.task in on_victim), (inc.task, on_victim)
-    resumed = _poll(lambda: re.search(rf"rank 0 start at step (\d+) restart {runs[-1].restart_count}",
-                                      _task_log(cluster, tid)), "the new run loads the checkpoint", 60, 0.5)
-    assert int(resumed.group(1)) >= 5, "it resumed from a checkpoint, not from step 0"
-    _poll(lambda: _health_nodes(cluster)[victim]["state"] == "healthy", f"{victim} validated and back", 60, 0.5)
-    assert _sched_nodes(cluster)[victim]["state"] == "enabled"
-    show = _ff(cluster, "health", "show", inc.id)
-    assert show.returncode == 0 and "PASS" in show.stdout and f"enabled {victim} at the scheduler" in show.stdout, \
-        show.stdout + show.stderr
-    print(f"HFReduce stall: {victim} named ({inc.kind}) {named_s:.1f} s after its worker stopped "
-          f"(op deadline {OP_DEADLINE_S:g} s): {inc.summary}; runs "
-          f"{[(r.id, list(r.nodes), r.slurm_state, list(r.stop_reasons)) for r in runs]}; the task ran again on "
-          f"{', '.join(runs[-1].nodes)} {restarted_s:.1f} s after, from step {resumed.group(1)}")
-    _sched(cluster, lambda c: c.stop(tid))
+        async def incidents() -> list[hpb.Incident]:
+            async with HealthClient(cluster.address("health"), token=cluster.admin_token) as c:
+                return list(await c.incidents())
+        try:
+            inc = _poll(lambda: next((i for i in asyncio.run(incidents()) if i.job == str(tid)), None),
+                        "a C4 incident for the stalled task", OP_DEADLINE_S + 10, 0.2)
+            named_s = time.monotonic() - t0
+        finally:
+            # the link comes back, so the node's validation can pass (the worker may already be gone:
+            # the agent kills it when the run on the node ends)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        evidence = json.loads(inc.evidence_json)
+        assert inc.kind in ("c4.noncomm_hang", "c4.comm_hang") and inc.node == victim, (inc.kind, inc.node, inc.summary)
+        assert len(evidence["node_ranks"]) == 1 and evidence["generation"] >= 1, evidence
+        assert named_s <= OP_DEADLINE_S + 5.0, f"named {named_s:.1f} s after the stall"
+
+        def moved() -> Any:
+            runs = _sched(cluster, lambda c: c.get(tid)).runs
+            r = runs[-1]
+            return runs if (r.restart_count >= 1 and r.ranks and all(k.state == "running" for k in r.ranks)
+                            and sorted(r.nodes) == healthy) else None
+        runs = _poll(moved, f"the task runs again on {healthy}", 60, 0.5)
+        restarted_s = time.monotonic() - t0
+        # (which run the drain stopped is a race: the first one fails by itself when its ranks' op fails,
+        # and the scheduler may requeue it onto the stalled node once more before the incident drains it)
+        on_victim = [r.id for r in runs[:-1] if victim in r.nodes]
+        assert on_victim and (inc.task == 0 or inc.task in on_victim), (inc.task, on_victim)
+        resumed = _poll(lambda: re.search(rf"rank 0 start at step (\d+) restart {runs[-1].restart_count}",
+                                          _task_log(cluster, tid)), "the new run loads the checkpoint", 60, 0.5)
+        assert int(resumed.group(1)) >= 5, "it resumed from a checkpoint, not from step 0"
+        _poll(lambda: _health_nodes(cluster)[victim]["state"] == "healthy", f"{victim} validated and back", 60, 0.5)
+        assert _sched_nodes(cluster)[victim]["state"] == "enabled"
+        show = _ff(cluster, "health", "show", inc.id)
+        assert show.returncode == 0 and "PASS" in show.stdout and f"enabled {victim} at the scheduler" in show.stdout, \
+            show.stdout + show.stderr
+        print(f"HFReduce stall: {victim} named ({inc.kind}) {named_s:.1f} s after its worker stopped "
+              f"(op deadline {OP_DEADLINE_S:g} s): {inc.summary}; runs "
+              f"{[(r.id, list(r.nodes), r.slurm_state, list(r.stop_reasons)) for r in runs]}; the task ran again on "
+              f"{', '.join(runs[-1].nodes)} {restarted_s:.1f} s after, from step {resumed.group(1)}")
+    finally:  # a failure here must not leave its task holding two nodes for the next test
+        _sched(cluster, lambda c: c.stop(tid))
 
 
 def test_a_fault_injected_validation_leaves_the_node_drained(cluster: LocalCluster) -> None:
