@@ -190,38 +190,40 @@ def test_a_slow_node_is_named_drained_and_the_task_restarts_from_its_checkpoint(
         r = _sched(cluster, lambda c: c.get(tid)).runs[-1]
         return r if (r.ranks and all(k.state == "running" for k in r.ranks)
                      and "rank 0 saved step 5" in _task_log(cluster, tid)) else None
-    first = _poll(stepping, "the 2-node task steps and saves", 90, 0.5)
-    victim = first.nodes[1]
-    slow.write_text(f"{victim}\n0.6\n")
-    t0 = time.monotonic()
+    try:
+        first = _poll(stepping, "the 2-node task steps and saves", 90, 0.5)
+        victim = first.nodes[1]
+        slow.write_text(f"{victim}\n0.6\n")
+        t0 = time.monotonic()
 
-    async def incidents() -> list[hpb.Incident]:
-        async with HealthClient(cluster.address("health"), token=cluster.admin_token) as c:
-            return list(await c.incidents())
-    inc = _poll(lambda: next((i for i in asyncio.run(incidents()) if i.kind.startswith("c4.")), None),
-                "a C4 incident", 60, 0.5)
-    named_s = time.monotonic() - t0
-    evidence = json.loads(inc.evidence_json)
-    assert (inc.kind, inc.node, inc.job) == ("c4.noncomm_slow", victim, str(tid)), inc
-    assert len(evidence["ops"]) >= 3 and evidence["ops"][-1] - evidence["ops"][0] <= 11, evidence
-    slow.unlink()  # the node "recovers", so its validation can pass
+        async def incidents() -> list[hpb.Incident]:
+            async with HealthClient(cluster.address("health"), token=cluster.admin_token) as c:
+                return list(await c.incidents())
+        inc = _poll(lambda: next((i for i in asyncio.run(incidents()) if i.kind.startswith("c4.")), None),
+                    "a C4 incident", 60, 0.5)
+        named_s = time.monotonic() - t0
+        evidence = json.loads(inc.evidence_json)
+        assert (inc.kind, inc.node, inc.job) == ("c4.noncomm_slow", victim, str(tid)), inc
+        assert len(evidence["ops"]) >= 3 and evidence["ops"][-1] - evidence["ops"][0] <= 11, evidence
+        slow.unlink()  # the node "recovers", so its validation can pass
 
-    def moved() -> Any:
-        runs = _sched(cluster, lambda c: c.get(tid)).runs
-        r = runs[-1]
-        return runs if (len(runs) >= 2 and r.ranks and all(k.state == "running" for k in r.ranks)) else None
-    runs = _poll(moved, "the task restarts on the healthy nodes", 60, 0.5)
-    restarted_s = time.monotonic() - t0
-    assert "HOOK_RESTART" in runs[-2].stop_reasons and victim not in runs[-1].nodes, runs[-1]
-    assert _sched_nodes(cluster)[victim]["state"] in ("drained", "enabled")
-    resumed = _poll(lambda: re.search(r"rank 0 start at step (\d+) restart 1", _task_log(cluster, tid)),
-                    "the new run loads the checkpoint", 60, 0.5)
-    assert int(resumed.group(1)) >= 5, "it resumed from a checkpoint, not from step 0"
-    _poll(lambda: _health_nodes(cluster)[victim]["state"] == "healthy", f"{victim} validated and back", 90, 0.5)
-    assert _sched_nodes(cluster)[victim]["state"] == "enabled"
-    print(f"C4: {victim} named {named_s:.1f} s after it was slowed, over ops {evidence['ops']}; "
-          f"the task ran again on {', '.join(runs[-1].nodes)} {restarted_s:.1f} s after, from step {resumed.group(1)}")
-    _sched(cluster, lambda c: c.stop(tid))
+        def moved() -> Any:
+            runs = _sched(cluster, lambda c: c.get(tid)).runs
+            r = runs[-1]
+            return runs if (len(runs) >= 2 and r.ranks and all(k.state == "running" for k in r.ranks)) else None
+        runs = _poll(moved, "the task restarts on the healthy nodes", 60, 0.5)
+        restarted_s = time.monotonic() - t0
+        assert "HOOK_RESTART" in runs[-2].stop_reasons and victim not in runs[-1].nodes, runs[-1]
+        assert _sched_nodes(cluster)[victim]["state"] in ("drained", "enabled")
+        resumed = _poll(lambda: re.search(r"rank 0 start at step (\d+) restart 1", _task_log(cluster, tid)),
+                        "the new run loads the checkpoint", 60, 0.5)
+        assert int(resumed.group(1)) >= 5, "it resumed from a checkpoint, not from step 0"
+        _poll(lambda: _health_nodes(cluster)[victim]["state"] == "healthy", f"{victim} validated and back", 90, 0.5)
+        assert _sched_nodes(cluster)[victim]["state"] == "enabled"
+        print(f"C4: {victim} named {named_s:.1f} s after it was slowed, over ops {evidence['ops']}; "
+              f"the task ran again on {', '.join(runs[-1].nodes)} {restarted_s:.1f} s after, from step {resumed.group(1)}")
+    finally:  # a failure here must not leave its task holding two nodes for the next test
+        _sched(cluster, lambda c: c.stop(tid))
 
 
 def _worker_pid(cluster: LocalCluster, node: str) -> int:
