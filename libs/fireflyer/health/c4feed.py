@@ -11,7 +11,9 @@ each op to a :class:`~fireflyer.health.c4.C4Detector` once it can be judged:
   made no progress) -> once every node reported it, or ``failed_grace_s`` after the first failure
   (the other nodes' batches are a publish interval behind), :meth:`C4Detector.poll` at the deadline
   (the hang syndromes): nodes that never entered are named -- a node whose worker sent nothing for
-  the op, or whose record lists ``missing`` local ranks;
+  the op, or whose record lists ``missing`` local ranks; earlier ops still short of a node's record
+  are then dropped unjudged (the communicator failed after them: a node stopped between two
+  telemetry batches never publishes its last ops, and they must not hold the failed op back);
 - nothing more arrives for ``stale_s`` -> dropped (the job ended, or a node's telemetry was lost;
   the op deadline makes a real hang end as a failure, which is reported).
 
@@ -52,6 +54,8 @@ class CommFeed:
         #: the highest seq judged: records of older ops are late and ignored
         self._judged = -1
         self.ops_observed = 0
+        #: ops dropped unjudged because a later op failed before every node's record of them came
+        self.ops_unjudged = 0
 
     def add(self, node_rank: int, records: Iterable[OpRecord], now: float) -> list[Incident]:
         """Take one node's records; returns the incidents the ops they complete reveal."""
@@ -86,14 +90,28 @@ class CommFeed:
         self._heard.pop(seq, None)
         self._failed_at.pop(seq, None)
 
+    def _failed_ready(self, seq: int, now: float) -> bool:
+        """A failed op is judged once every node reported it, or ``failed_grace_s`` after its first failure."""
+        return len(self._ops[seq]) == self.nnodes or now - self._failed_at[seq] >= self.failed_grace_s
+
     def _judge_ready(self, now: float) -> list[Incident]:
         out: list[Incident] = []
+        # a failed op ready to be judged settles every op before it: the communicator failed after them,
+        # so one still missing a node's record never completes -- that node's worker stopped (or died)
+        # before publishing its last batch, the very node the failed op is likely to name
+        settled = max((s for s in self._failed_at if self._failed_ready(s, now)), default=-1)
         for seq in sorted(self._ops):
             per_node = self._ops[seq]
             failed = seq in self._failed_at
             everyone = len(per_node) == self.nnodes
             complete = everyone and not failed and all(r.phase == "done" for r in per_node.values())
-            if not (complete or (failed and (everyone or now - self._failed_at[seq] >= self.failed_grace_s))):
+            if not (complete or (failed and (seq <= settled or self._failed_ready(seq, now)))):
+                if seq < settled:
+                    # partial records of an op that finished: no evidence of a hang or of slowness
+                    self._forget(seq)
+                    self._judged = seq
+                    self.ops_unjudged += 1
+                    continue
                 # the slow syndromes need ops in order: later ops wait while this one can still be judged
                 break
             self._forget(seq)

@@ -85,3 +85,26 @@ def test_other_generations_are_ignored_and_stale_ops_dropped() -> None:
     assert feed.pending == 1
     feed.tick(31.0)
     assert feed.pending == 0, "node 1 never reported: dropped unjudged"
+
+
+def test_a_stopped_node_whose_last_ops_were_never_published_is_named_at_the_failed_op() -> None:
+    # node 1's worker is stopped (SIGSTOP, a stuck host) between telemetry batches: it published ops
+    # 0..2, finished 3..5 without publishing them, and never entered op 6; node 0's worker fails op 6.
+    feed = CommFeed("7/ddp", 2, CFG, failed_grace_s=2.0)
+    assert feed.add(1, [rec(s, 1) for s in range(3)], now=1.0) == []
+    assert feed.add(0, [rec(s, 0) for s in range(6)] + [rec(6, 0, phase="failed")], now=5.0) == []
+    assert feed.tick(6.0) == [], "the other node gets the grace to report"
+    found = feed.tick(7.1)
+    assert [(i.syndrome, i.nodes, i.seq) for i in found] == [(NONCOMM_HANG, [1], 6)]
+    assert feed.pending == 0, "the ops before it are settled: the comm failed after them"
+    assert feed.add(1, [rec(s, 1) for s in range(3, 6)], now=8.0) == [], "their late records change nothing"
+
+
+def test_a_failed_op_does_not_skip_earlier_ops_that_can_still_complete() -> None:
+    feed = CommFeed("7/ddp", 3, CFG, failed_grace_s=2.0)
+    for n in (0, 1):
+        feed.add(n, [rec(0, n), rec(1, n, phase="failed")], now=1.0)
+    assert feed.tick(2.0) == [] and feed.pending == 2, "within the grace node 2 may still report op 0"
+    found = feed.add(2, [rec(0, 2)], now=2.5)
+    assert found == [] and feed.ops_observed == 1 and feed.pending == 1, "op 0 completed: observed in order"
+    assert [(i.syndrome, i.nodes) for i in feed.tick(3.1)] == [(NONCOMM_HANG, [2])]

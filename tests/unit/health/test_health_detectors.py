@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+from fireflyer.coord.convert import CommView, NodeView
 from fireflyer.core.clock import ManualClock
 from fireflyer.core.errors import NotFound
 from fireflyer.core.log import get_logger
-from fireflyer.coord.convert import CommView, NodeView
 from fireflyer.health.c4 import C4Config
 from fireflyer.health.events import NodeAdvice
 from fireflyer.health.records import Blame, IncidentRecord
