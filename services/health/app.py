@@ -75,6 +75,8 @@ class HealthSection(msgspec.Struct, frozen=True, kw_only=True):
     validate_timeout_s: float = 7200.0
     #: how long one attempt to publish a verdict waits for JetStream's ack (the outbox retries)
     publish_timeout_s: float = 2.0
+    #: a node drained for an incident waits this long before its rejoin validation (its run goes elsewhere)
+    quarantine_s: float = 60.0
     #: C4 over the HFReduce telemetry stream (services.health.detectors); off: no subscription
     c4_enabled: bool = True
     #: the hang deadline: HFReduce's op timeout (FF_HFREDUCE_TIMEOUT_S, 60 s by default)
@@ -118,6 +120,9 @@ def c4_config(settings: HealthSettings) -> C4Config:
 def core_config(settings: HealthSettings) -> CoreConfig:
     """Validated settings; a bad value fails start-up naming the key."""
     h = settings.health
+    if h.quarantine_s < 0:
+        raise SettingsError(f"health.quarantine_s must be >= 0, got {h.quarantine_s}", key="health.quarantine_s",
+                            expected="float >= 0")
     for key in ("tick_s", "validate_timeout_s", "publish_timeout_s"):
         if not getattr(h, key) > 0:
             raise SettingsError(f"health.{key} must be positive, got {getattr(h, key)}", key=f"health.{key}",
@@ -140,7 +145,8 @@ def core_config(settings: HealthSettings) -> CoreConfig:
         raise SettingsError(str(e), key="health.sizes", expected="full or quick") from e
     return CoreConfig(tick_s=h.tick_s, periodic_interval_s=h.periodic_interval_s,
                       periodic_concurrency=h.periodic_concurrency, incident_level=h.incident_level,
-                      baseline_fraction=h.baseline_fraction, plans=plans, validate_timeout_s=h.validate_timeout_s)
+                      baseline_fraction=h.baseline_fraction, plans=plans, validate_timeout_s=h.validate_timeout_s,
+                      quarantine_s=h.quarantine_s)
 
 
 class HealthService(Service):

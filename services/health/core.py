@@ -96,6 +96,9 @@ class CoreConfig(msgspec.Struct, frozen=True, kw_only=True):
     plans: dict[int, LevelPlan] | None = None
     #: how long the agent may take for one validation
     validate_timeout_s: float = 7200.0
+    #: a node drained for an incident stays out at least this long before its rejoin validation, so
+    #: the run it held is placed elsewhere first (a quick pass must not hand it straight back)
+    quarantine_s: float = 60.0
 
 
 class HealthCore:
@@ -238,11 +241,19 @@ class HealthCore:
         if action.kind is ActionKind.VALIDATE:
             trigger = ValidationTrigger.PERIODIC if action.level == PERIODIC_LEVEL and not incident \
                 else ValidationTrigger.REJOIN
+            if incident and self.cfg.quarantine_s > 0:  # the tick starts it once the quarantine is over
+                await self._note(incident, f"{name} drained and free; level-{action.level} validation after "
+                                           f"{self.cfg.quarantine_s:g} s of quarantine")
+                return
             self._spawn_validation(name, action.level, trigger, requested_by=f"health ({trigger.value})")
             await self._note(incident, f"{name} drained and free; level-{action.level} validation requested")
             return
         state = "drained" if action.kind is ActionKind.DRAIN else "enabled"
+        # the run it holds now (a cached view may predate the run the incident is about)
         held = self._sched_nodes.get(name)
+        if action.kind is ActionKind.DRAIN and action.evict:
+            with contextlib.suppress(FireFlyerError):  # (away: the cached view will do for the note)
+                held = next((n for n in await self._scheduler_nodes() if n.name == name), held)
         try:
             await self.sched.set_state(name, state, action.reason if state == "drained" else "", evict=action.evict)
         except FireFlyerError as e:  # a drain is sent again by the tick; an enable by the next validation
@@ -357,7 +368,8 @@ class HealthCore:
                     async with self._lock(name):
                         if (await self.node(name)).state is NodeState.DRAINING:
                             await self._apply(name, Drained())
-            elif h.state is NodeState.DRAINED and h.pending_level and name not in validating:
+            elif (h.state is NodeState.DRAINED and h.pending_level and name not in validating
+                  and now - h.since >= (self.cfg.quarantine_s if h.incident else 0.0)):
                 self._spawn_validation(name, h.pending_level, ValidationTrigger.REJOIN, requested_by="health (rejoin)")
             elif (h.state is NodeState.HEALTHY and self.cfg.periodic_interval_s > 0 and s is not None
                   and busy < self.cfg.periodic_concurrency

@@ -47,7 +47,7 @@ env = { FF_AGENT_ZONES = "A,A,B", FF_GRACE_S = "2" }
 name = "health"
 module = "services.health"
 replicas = 1
-env = { FF_HEALTH_SIZES = "quick", FF_HEALTH_BASELINE_FRACTION = "0.05", FF_HEALTH_TICK_S = "0.3", FF_GRACE_S = "1" }
+env = { FF_HEALTH_SIZES = "quick", FF_HEALTH_BASELINE_FRACTION = "0.05", FF_HEALTH_TICK_S = "0.3", FF_HEALTH_QUARANTINE_S = "3", FF_GRACE_S = "1" }
 """
 
 

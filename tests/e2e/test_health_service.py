@@ -66,7 +66,7 @@ env = { FF_AGENT_ZONES = "A,A,B", FF_GRACE_S = "2", FF_HFREDUCE_TIMEOUT_S = "4" 
 name = "health"
 module = "services.health"
 replicas = 1
-env = { FF_HEALTH_SIZES = "quick", FF_HEALTH_BASELINE_FRACTION = "0.05", FF_HEALTH_TICK_S = "0.3", FF_HEALTH_C4_DEADLINE_S = "4", FF_GRACE_S = "1" }
+env = { FF_HEALTH_SIZES = "quick", FF_HEALTH_BASELINE_FRACTION = "0.05", FF_HEALTH_TICK_S = "0.3", FF_HEALTH_C4_DEADLINE_S = "4", FF_HEALTH_QUARANTINE_S = "3", FF_GRACE_S = "1" }
 """
 
 #: the HFReduce op timeout of the node agents' workers, and the health service's C4 deadline (above)

@@ -61,7 +61,7 @@ class Env:
         self.agents = FakeAgents()
         self.clock = ManualClock()
         self.verdicts: list[NodeVerdict] = []
-        self.core = HealthCore(CoreConfig(**{"periodic_interval_s": 0.0, **cfg}), kv=self.kv,  # type: ignore[arg-type]
+        self.core = HealthCore(CoreConfig(**{"periodic_interval_s": 0.0, "quarantine_s": 0.0, **cfg}), kv=self.kv,  # type: ignore[arg-type]
                                sched=self.sched, agents=self.agents, clock=self.clock, log=get_logger("test"),
                                publish=self.verdicts.append)
 
@@ -116,6 +116,23 @@ def test_a_node_blaming_incident_drains_validates_and_enables_the_node(env) -> N
     assert any("PASS" in a for a in actions) and actions[-1] == "enabled node1 at the scheduler"
     # the first good run sets the baseline
     assert e.run(e.core.baseline("node1")).values == {"gemm_gflops": 10.0}
+
+
+def test_a_node_drained_for_an_incident_is_validated_only_after_its_quarantine(env) -> None:  # type: ignore[no-untyped-def]
+    """The run it held must be placed elsewhere before a quick pass could hand the node back."""
+    e = env("node0", "node1", quarantine_s=30.0)
+    e.settle(1)
+    inc = e.run(e.core.report_incident(IncidentRecord(kind="c4.noncomm_slow", node="node1")))
+    e.settle()
+    assert e.state("node1") is NodeState.DRAINED and e.agents.calls == [], "no validation inside the quarantine"
+    assert any("after 30 s of quarantine" in a for a in e.run(e.core.incident(inc.id)).actions)
+    e.clock.advance(29)
+    e.settle()
+    assert e.agents.calls == []
+    e.clock.advance(2)
+    e.settle()
+    assert [(c[0], c[1]) for c in e.agents.calls] == [("node1", 2)] and e.state("node1") is NodeState.HEALTHY
+    assert e.sched.calls[-1] == ("node1", "enabled", False)
 
 
 def test_a_node_that_fails_its_validation_stays_drained(env) -> None:  # type: ignore[no-untyped-def]
