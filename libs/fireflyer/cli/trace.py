@@ -1,6 +1,8 @@
 """``ff trace ls`` / ``ff trace show ID``: the traces of the local cluster, from its span file.
 
-    ff trace ls [--limit N] [--json]    recent traces: root span, services, spans, duration, start
+    ff trace ls [--limit N] [--all] [--json]
+                                        recent traces a person started (task submissions, ff commands,
+                                        a rank's calls); --all: the services' own loops too
     ff trace show ID                    a waterfall: one row per span, indented under its parent,
                                         a bar on the trace's time axis, service and duration
 
@@ -107,7 +109,8 @@ def _ls(ns: argparse.Namespace) -> int:
     from fireflyer.telemetry import read_spans
     from fireflyer.telemetry.traces import recent_traces
 
-    sums = recent_traces(read_spans(_spans_path(ns)), limit=ns.limit, min_spans=ns.min_spans)
+    sums = recent_traces(read_spans(_spans_path(ns)), limit=ns.limit, min_spans=ns.min_spans,
+                         users_only=not ns.all)
     if ns.json:
         for s in sums:
             print(json.dumps({"trace_id": s.trace_id, "root": s.root, "root_service": s.root_service,
@@ -116,7 +119,7 @@ def _ls(ns: argparse.Namespace) -> int:
                               "start": s.start_ns / 1e9, "errors": s.errors}))
         return 0
     if not sums:
-        print(f"no traces in {_spans_path(ns)}")
+        print(f"no traces in {_spans_path(ns)}" + ("" if ns.all else " started by a user (--all: the services' own too)"))
         return 0
     _console().print(render_list(sums))
     return 0
@@ -148,6 +151,8 @@ def register(sub: Any) -> None:
     ls.add_argument("--spans", default=None, metavar="FILE", help="span file (default <state>/spans.jsonl)")
     ls.add_argument("--limit", type=int, default=20, help="at most this many traces (newest first; 0: all)")
     ls.add_argument("--min-spans", type=int, default=1, help="only traces with at least this many spans")
+    ls.add_argument("--all", action="store_true",
+                    help="also the services' own traces (heartbeats, routing pulls, sweeps)")
     ls.add_argument("--json", action="store_true", help="one JSON object per trace")
     ls.set_defaults(func=_ls)
     show = tsub.add_parser("show", help="one trace as a waterfall")

@@ -17,7 +17,11 @@ import msgspec
 from .spanfile import SpanRecord
 
 __all__ = ["TraceSummary", "WaterfallRow", "group_traces", "summarize", "recent_traces", "waterfall",
-           "find_trace"]
+           "find_trace", "started_by_a_user", "USER_ROOT_SERVICES"]
+
+#: services whose spans start traces on a person's behalf: the ``ff`` CLI and a task's rank processes
+#: (a scheduled task's own trace starts at the scheduler's ``task.submit``)
+USER_ROOT_SERVICES = ("ff", "task")
 
 
 class TraceSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,9 +74,19 @@ def summarize(trace_id: str, spans: list[SpanRecord]) -> TraceSummary:
         errors=sum(1 for s in spans if s.status == "ERROR"))
 
 
-def recent_traces(spans: Iterable[SpanRecord], *, limit: int = 20, min_spans: int = 1) -> list[TraceSummary]:
-    """The ``limit`` most recently started traces (newest first) with at least ``min_spans`` spans."""
+def started_by_a_user(summary: TraceSummary) -> bool:
+    """A trace a person started (a task submission, an ``ff`` command, a rank's own calls), not one of
+    the services' own loops (heartbeats, routing pulls, sweeps), which outnumber them by far."""
+    return summary.root == "task.submit" or summary.root_service in USER_ROOT_SERVICES
+
+
+def recent_traces(spans: Iterable[SpanRecord], *, limit: int = 20, min_spans: int = 1,
+                  users_only: bool = False) -> list[TraceSummary]:
+    """The ``limit`` most recently started traces (newest first) with at least ``min_spans`` spans
+    (with ``users_only``, only those :func:`started_by_a_user`)."""
     sums = [summarize(t, ss) for t, ss in group_traces(spans).items() if len(ss) >= min_spans]
+    if users_only:
+        sums = [s for s in sums if started_by_a_user(s)]
     sums.sort(key=lambda s: s.start_ns, reverse=True)
     return sums[:limit] if limit > 0 else sums
 

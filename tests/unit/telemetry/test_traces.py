@@ -59,6 +59,14 @@ def test_recent_traces_newest_first_with_counts() -> None:
     assert recent_traces(SPANS, min_spans=2) == [t1]
 
 
+def test_users_only_leaves_out_the_services_own_loops() -> None:
+    T3 = "c" * 32
+    spans = [*SPANS, _span("1", None, "ff.mgmtd.v1.MgmtdService/Heartbeat", 9.0, 9.1, "storage", trace_id=T3)]
+    assert [s.trace_id for s in recent_traces(spans)] == [T3, T2, T1]
+    assert [s.trace_id for s in recent_traces(spans, users_only=True)] == [T2, T1], \
+        "a task submission and an ff command stay, a storage heartbeat goes"
+
+
 def test_find_trace_by_prefix_needs_six_digits_and_one_match() -> None:
     assert len(find_trace(SPANS, "aaaaaa")) == 6
     assert find_trace(SPANS, "aaa") == []
