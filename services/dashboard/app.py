@@ -243,12 +243,16 @@ class Dashboard:
     async def traces_page(self, req: Request, token: str, p: Principal) -> tuple[str, str]:
         groups = group_traces(self._spans())
         visible = [s for t, s in groups.items() if self._visible(s, p)]
-        sums = recent_traces((s for ss in visible for s in ss), limit=100)
+        every = req.query.get("all") == "1"
+        sums = recent_traces((s for ss in visible for s in ss), limit=100, users_only=not every)
         rows = [(f"<a class='trace' href='/traces/{esc(s.trace_id)}'>{esc(s.trace_id[:16])}</a>", esc(s.root),
                  esc(", ".join(s.services)), str(s.span_count), esc(views.fmt_s(s.duration_s)),
                  esc(views.fmt_time(s.start_ns / 1e9))) for s in sums]
-        return "traces", (views.table(["trace", "root span", "services", "spans", "duration", "start"], rows, raw=True)
-                          if rows else f"<p class='dim'>no traces in {esc(self.span_file)}</p>")
+        switch = ("<p><a href='/traces'>only traces people started</a></p>" if every else
+                  "<p class='dim'>traces people started (task submissions, ff commands); "
+                  "<a href='/traces?all=1'>all traces</a> adds the services' own loops</p>")
+        return "traces", switch + (views.table(["trace", "root span", "services", "spans", "duration", "start"], rows,
+                                               raw=True) if rows else f"<p class='dim'>no traces in {esc(self.span_file)}</p>")
 
     async def trace_page(self, trace_id: str, token: str, p: Principal) -> tuple[str, str]:
         spans = find_trace(self._spans(), trace_id)
