@@ -11,31 +11,21 @@ Values are msgpack-encoded Structs; ids carry a zero-padded number so key order 
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
-
-import msgspec
+from typing import TypeVar
 
 from fireflyer.health.checks import Baseline
 from fireflyer.health.records import IncidentRecord, ValidationRecord
 from fireflyer.health.states import NodeHealth
 from fireflyer.kv import Txn
 from fireflyer.kv.keys import pack, prefix_range
+from fireflyer.kv.records import decode as _decode
+from fireflyer.kv.records import encode as _encode
 
 __all__ = ["next_id", "load_node", "save_node", "load_nodes", "load_baseline", "save_baseline", "load_incident",
            "save_incident", "load_incidents", "load_validation", "save_validation", "load_validations"]
 
 SING, NODE, BASE, INCI, VALI = b"SING", b"NODE", b"BASE", b"INCI", b"VALI"
-
 T = TypeVar("T")
-_enc = msgspec.msgpack.Encoder()
-_decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
-
-
-def _decode(data: bytes, cls: type[T]) -> T:
-    dec = _decoders.get(cls)
-    if dec is None:
-        dec = _decoders[cls] = msgspec.msgpack.Decoder(cls)
-    return dec.decode(data)  # type: ignore[no-any-return]
 
 
 def next_id(txn: Txn, kind: str) -> str:
@@ -62,7 +52,7 @@ def load_node(txn: Txn, name: str, *, snapshot: bool = False) -> NodeHealth | No
 
 
 def save_node(txn: Txn, h: NodeHealth) -> None:
-    txn.set(NODE + pack((h.name,)), _enc.encode(h))
+    txn.set(NODE + pack((h.name,)), _encode(h))
 
 
 def load_nodes(txn: Txn, *, snapshot: bool = False) -> list[NodeHealth]:
@@ -74,7 +64,7 @@ def load_baseline(txn: Txn, name: str, *, snapshot: bool = False) -> Baseline | 
 
 
 def save_baseline(txn: Txn, name: str, b: Baseline) -> None:
-    txn.set(BASE + pack((name,)), _enc.encode(b))
+    txn.set(BASE + pack((name,)), _encode(b))
 
 
 def load_incident(txn: Txn, ident: str, *, snapshot: bool = False) -> IncidentRecord | None:
@@ -82,7 +72,7 @@ def load_incident(txn: Txn, ident: str, *, snapshot: bool = False) -> IncidentRe
 
 
 def save_incident(txn: Txn, inc: IncidentRecord) -> None:
-    txn.set(INCI + pack((inc.id,)), _enc.encode(inc))
+    txn.set(INCI + pack((inc.id,)), _encode(inc))
 
 
 def load_incidents(txn: Txn, *, snapshot: bool = False) -> list[IncidentRecord]:
@@ -94,7 +84,7 @@ def load_validation(txn: Txn, ident: str, *, snapshot: bool = False) -> Validati
 
 
 def save_validation(txn: Txn, v: ValidationRecord) -> None:
-    txn.set(VALI + pack((v.id,)), _enc.encode(v))
+    txn.set(VALI + pack((v.id,)), _encode(v))
 
 
 def load_validations(txn: Txn, *, snapshot: bool = False) -> list[ValidationRecord]:

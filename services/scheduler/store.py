@@ -15,12 +15,12 @@ its indexes commit together or not at all.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
-
-import msgspec
+from typing import Any
 
 from fireflyer.kv import Txn
 from fireflyer.kv.keys import pack, prefix_range, unpack
+from fireflyer.kv.records import decode as _decode
+from fireflyer.kv.records import encode as _encode
 from fireflyer.mgmt.model import LeaseRecord
 from fireflyer.sched.model import FINISHED, Quota
 from fireflyer.sched.records import NodeRecord, RunRecord
@@ -33,16 +33,6 @@ SING, RUN, ACTV, CHAN, NODE, QUOT, CRED = b"SING", b"RUN_", b"ACTV", b"CHAN", b"
 LEASE_KEY = SING + pack(("lease",))
 NEXT_ID_KEY = SING + pack(("next-id",))
 
-T = TypeVar("T")
-_enc = msgspec.msgpack.Encoder()
-_decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
-
-
-def _decode(data: bytes, cls: type[T]) -> T:
-    dec = _decoders.get(cls)
-    if dec is None:
-        dec = _decoders[cls] = msgspec.msgpack.Decoder(cls)
-    return dec.decode(data)  # type: ignore[no-any-return]
 
 
 def load_lease(txn: Txn, *, snapshot: bool = False) -> LeaseRecord | None:
@@ -51,7 +41,7 @@ def load_lease(txn: Txn, *, snapshot: bool = False) -> LeaseRecord | None:
 
 
 def save_lease(txn: Txn, record: LeaseRecord) -> None:
-    txn.set(LEASE_KEY, _enc.encode(record))
+    txn.set(LEASE_KEY, _encode(record))
 
 
 def next_id(txn: Txn) -> int:
@@ -68,7 +58,7 @@ def load_run(txn: Txn, run_id: int, *, snapshot: bool = False) -> RunRecord | No
 
 def save_run(txn: Txn, rec: RunRecord) -> None:
     t = rec.task
-    txn.set(RUN + pack((t.id,)), _enc.encode(rec))
+    txn.set(RUN + pack((t.id,)), _encode(rec))
     txn.set(CHAN + pack((t.chain_id, t.id)), b"")
     if t.chain_status == FINISHED:
         txn.clear(ACTV + pack((t.id,)))
@@ -110,7 +100,7 @@ def load_node(txn: Txn, name: str, *, snapshot: bool = False) -> NodeRecord | No
 
 
 def save_node(txn: Txn, node: NodeRecord) -> None:
-    txn.set(NODE + pack((node.name,)), _enc.encode(node))
+    txn.set(NODE + pack((node.name,)), _encode(node))
 
 
 def load_nodes(txn: Txn, *, snapshot: bool = False) -> list[NodeRecord]:
@@ -128,7 +118,7 @@ def load_quotas(txn: Txn, *, snapshot: bool = False) -> list[Quota]:
 
 
 def save_quota(txn: Txn, q: Quota) -> None:
-    txn.set(_quota_key(q.owner, q.group, int(q.priority)), _enc.encode(q))
+    txn.set(_quota_key(q.owner, q.group, int(q.priority)), _encode(q))
 
 
 def clear_quota(txn: Txn, owner: str, group: str, priority: int) -> bool:

@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 
 from fireflyer.core.errors import DeadlineExceeded, FailedPrecondition, NotFound
 
+from ._poll import until
 from .sched_preempt import EXAMPLE
 
 __all__ = ["steps_done", "start_step", "summarize", "measure_e2e", "bench_health_e2e", "print_e2e", "KIND"]
@@ -83,15 +84,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def _until(check: Callable[[], Awaitable[T | None]], what: str, timeout_s: float,
                  interval_s: float = 0.1) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() >= deadline:
-            raise DeadlineExceeded(f"health e2e benchmark: {what} did not happen within {timeout_s:g} s; see "
-                                   "`ff task ls --all`, `ff health incidents` and `ff nodes`", what=what)
-        await asyncio.sleep(interval_s)
+    return await until(check, what, timeout_s, interval_s=interval_s, bench="health e2e benchmark",
+                       hint="`ff task ls --all`, `ff health incidents` and `ff nodes`")
 
 
 async def _log(c: Any, chain: int, restart: int) -> str:

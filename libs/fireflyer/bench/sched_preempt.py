@@ -25,7 +25,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fireflyer.core.errors import DeadlineExceeded, FailedPrecondition, NotFound
+from fireflyer.core.errors import FailedPrecondition, NotFound
+
+from ._poll import until
 
 __all__ = ["bench_preempt", "measure_preempt", "SLACK_S", "EXAMPLE"]
 
@@ -40,15 +42,8 @@ T = TypeVar("T")
 
 async def _until(check: Callable[[], Awaitable[T | None]], what: str, timeout_s: float,
                  interval_s: float = 0.05) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() >= deadline:
-            raise DeadlineExceeded(f"preemption benchmark: {what} did not happen within {timeout_s:g} s; see "
-                                   "`ff task ls --all` and the tasks' logs", what=what)
-        await asyncio.sleep(interval_s)
+    return await until(check, what, timeout_s, interval_s=interval_s, bench="preemption benchmark",
+                       hint="`ff task ls --all` and the tasks' logs")
 
 
 async def _log(c: Any, task: int, rank: int = 0) -> str:
