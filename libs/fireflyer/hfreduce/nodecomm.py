@@ -80,6 +80,8 @@ class CommHost(Protocol):
 
     def ring_end(self, comm: NodeComm, seq: int, phase: str, *, error: str = "") -> OpRecord | None: ...
 
+    def ring_pending(self, comm: NodeComm) -> list[int]: ...
+
     def span(self, comm: NodeComm, sub: Submit, seq: int) -> contextlib.AbstractContextManager[Any]: ...
 
     def span_after(self, comm: NodeComm, sub: Submit, seq: int, started_at: float, rec: OpRecord | None) -> None: ...
@@ -315,6 +317,11 @@ class NodeComm:
         for seq in sorted(pending):
             for lr in pending[seq]:
                 conns[lr].send(Failed(seq=seq, error=body))
+            self.worker.ring_end(self, seq, "failed", error=str(err))
+        # the op already running (taken from ``submits``) ends here too: its record is the evidence a
+        # health service needs of what this node saw when the generation failed (an abort by coord
+        # can come before the op's own deadline, and the running thread then ends without a record)
+        for seq in self.worker.ring_pending(self):
             self.worker.ring_end(self, seq, "failed", error=str(err))
 
     def shutdown(self) -> None:

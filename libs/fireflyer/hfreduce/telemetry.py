@@ -85,6 +85,11 @@ class OpRing:
         with self._lock:
             return self._pending.get((comm, generation, seq))
 
+    def pending_seqs(self, comm: str, generation: int) -> list[int]:
+        """The seqs of the ops of one communicator generation still pending, in order."""
+        with self._lock:
+            return sorted(seq for (c, g, seq) in self._pending if c == comm and g == generation)
+
     def snapshot(self, comm: str | None = None) -> tuple[list[OpRecord], list[OpRecord]]:
         """Copies (recent, pending), optionally only of one communicator."""
         with self._lock:
@@ -133,6 +138,7 @@ class NatsTelemetry:
         self.dropped = 0
         self._q: queue.SimpleQueue[OpRecord] = queue.SimpleQueue()
         self._stop = threading.Event()
+        self._nudged = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hfreduce-telemetry", daemon=True)
         self._thread.start()
 
@@ -141,6 +147,11 @@ class NatsTelemetry:
             self.dropped += 1
             return
         self._q.put(rec)
+
+    def nudge(self) -> None:
+        """Send what is queued now, not at the end of the interval: a failed op's record is the
+        evidence a health service acts on, and a failing worker may be stopped within the interval."""
+        self._nudged.set()
 
     def close(self, timeout_s: float = 3.0) -> None:
         self._stop.set()
@@ -191,8 +202,9 @@ class NatsTelemetry:
                 if stopping:
                     break
                 deadline = time.monotonic() + self.interval_s
-                while not self._stop.is_set() and time.monotonic() < deadline:
+                while not self._stop.is_set() and not self._nudged.is_set() and time.monotonic() < deadline:
                     await asyncio.sleep(min(0.05, self.interval_s))
+                self._nudged.clear()
             if bus is not None:
                 await bus.flush(2.0)
         finally:

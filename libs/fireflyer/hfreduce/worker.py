@@ -339,6 +339,9 @@ class Worker:
     def ring_record(self, comm: NodeComm, seq: int) -> OpRecord | None:
         return self.ring.get(comm.key, comm.generation, seq)
 
+    def ring_pending(self, comm: NodeComm) -> list[int]:
+        return self.ring.pending_seqs(comm.key, comm.generation)
+
     def ring_end(self, comm: NodeComm, seq: int, phase: str, *, error: str = "") -> OpRecord | None:
         rec = self.ring.get(comm.key, comm.generation, seq)
         if rec is None:
@@ -348,6 +351,8 @@ class Worker:
         self.ring.finish(rec)
         if self.nats is not None:
             self.nats.submit(rec)
+            if phase == "failed":
+                self.nats.nudge()
         return rec
 
     def refresh_tracing(self) -> None:

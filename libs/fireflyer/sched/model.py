@@ -376,7 +376,8 @@ def slurm_state(task: Task) -> SlurmState:
     waiting_init -> PENDING; suspended (requeued after an interrupt) -> REQUEUED; running ->
     RUNNING, or PREEMPTED once the interrupt was sent; finished -> CANCELLED for a user's stop,
     FAILED for failure bits (TIMEOUT included: the list has no TIMEOUT), PREEMPTED for a run that
-    ended by an interrupt (its chain goes on as a next run), else COMPLETED.
+    ended by an interrupt (its chain goes on as a next run), REQUEUED for one stopped to run again
+    elsewhere (HOOK_RESTART: its node was drained for a fault), else COMPLETED.
     """
     if task.chain_status == WAITING_INIT:
         return SlurmState.PENDING
@@ -393,4 +394,6 @@ def slurm_state(task: Task) -> SlurmState:
         return SlurmState.FAILED
     if code & StopCode.INTERRUPT:
         return SlurmState.PREEMPTED
+    if code & StopCode.HOOK_RESTART:
+        return SlurmState.REQUEUED
     return SlurmState.COMPLETED

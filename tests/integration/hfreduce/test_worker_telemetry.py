@@ -378,3 +378,36 @@ def test_two_node_small_allreduces_go_express_with_records_and_spans(monkeypatch
     finally:
         _stop(ws)
     assert list_segments() == []
+
+
+async def test_a_failed_op_reaches_nats_at_once_not_at_the_end_of_the_interval(nats_settings, bus: Bus) -> None:
+    """When coord aborts the communicator, the op in flight is published as failed right away: it is
+    what the health service judges a hang by, and a failing worker may be stopped within the interval."""
+    sock = tempfile.mktemp(prefix="hfr", suffix=".sock", dir="/tmp")
+    w = Worker(node_rank=0, nnodes=1, local_world_size=2, socket_path=sock,
+               settings=WorkerSettings(nats_url=nats_settings.url, telemetry_interval_s=30.0, chunk_size="4k"))
+    got: list[TelemetryBatch] = []
+
+    async def on_batch(ev: TelemetryBatch, _msg: object) -> None:
+        got.append(ev)
+
+    await bus.subscribe(subject("coord", "comm", comm_token("abrt/default"), "telemetry"), on_batch,
+                        types=TelemetryBatch)
+    w.start()
+    try:
+        c0, c1 = await asyncio.to_thread(_ranks, sock, "abrt")
+        x0 = np.ones(1000, np.float32)
+        work = c0.allreduce(x0, async_op=True)  # rank 1 never comes: the op waits
+        await wait_for(lambda: w.ring_pending(next(iter(w._comms.values()))) == [0], timeout_s=5,
+                       what="the op pending in the worker")
+        w.coord_aborted("node n2 missed heartbeats", "n2")
+        with pytest.raises(Exception, match="aborted by the coordination service"):
+            await asyncio.to_thread(work.wait, 10)
+        await wait_for(lambda: any(r.phase == "failed" for b in got for r in b.records), timeout_s=5,
+                       what="the failed op's record on NATS well inside the 30 s interval")
+        (rec,) = [r for b in got for r in b.records]
+        assert rec.seq == 0 and rec.missing == [1] and "missed heartbeats" in rec.error
+        c0.close()
+        c1.close()
+    finally:
+        w.stop()

@@ -79,6 +79,7 @@ def test_task_round_trips_through_msgpack() -> None:
     (FINISHED, StopCode.STOP | StopCode.FAILED, 0, SlurmState.FAILED),
     (FINISHED, StopCode.TIMEOUT, 0, SlurmState.FAILED),
     (FINISHED, StopCode.INTERRUPT, SuspendCode.CAN_SUSPEND, SlurmState.PREEMPTED),
+    (FINISHED, StopCode.STOP | StopCode.HOOK_RESTART, 0, SlurmState.REQUEUED),  # its node drained for a fault
 ])
 def test_slurm_state(status: str, stop: int, suspend: int, want: SlurmState) -> None:
     t = Task(id=1, chain_id=1, submitted_at=0, spec=spec(), chain_status=status, stop_code=StopCode(stop),
