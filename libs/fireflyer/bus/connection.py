@@ -120,6 +120,8 @@ class Bus:
         self._js: JetStreamContext | None = None
         #: the last error the client reported (an auth refusal surfaces only here while connecting)
         self._last_error = ""
+        #: the server refused our credentials (kept: a connection reset that follows must not hide it)
+        self._auth_error = ""
 
     # -- connection ---------------------------------------------------------
 
@@ -169,9 +171,13 @@ class Bus:
                 ),
                 timeout=wait,
             )
-        except (TimeoutError, OSError, nats.errors.Error) as e:
+        except (TimeoutError, OSError, nats.errors.Error, asyncio.CancelledError) as e:
+            task = asyncio.current_task()
+            if isinstance(e, asyncio.CancelledError) and task is not None and task.cancelling():
+                raise  # our caller cancelled us; a CancelledError of nats-py's own tasks is a failed connect
             await nc.close()
-            last = bus._last_error
+            # a refusal of the credentials outranks a later reset: the server refuses, then hangs up
+            last = bus._auth_error or bus._last_error
             if "authorization violation" in (last + _why(e)).lower():
                 hint = ("the server refused the credentials: this process's token (FF_TOKEN) is not a NATS user "
                         "of this cluster (revoked, expired, or another cluster's; see docs/nats-auth.md)")
@@ -197,6 +203,8 @@ class Bus:
 
     async def _on_error(self, e: Exception) -> None:
         self._last_error = _why(e)
+        if "authorization violation" in self._last_error.lower():
+            self._auth_error = self._last_error
         if isinstance(e, OSError | asyncio.TimeoutError | nats.errors.StaleConnectionError):
             # every failed reconnect attempt lands here: keep them out of warnings
             log.debug("bus.connection_error", name=self.name, error=repr(e))

@@ -203,6 +203,12 @@ class NodeComm:
             self.left.add(lr)
             pending = sorted(s for s, subs in self.submits.items() if subs)
             all_left = len(self.left) >= len(self.conns)
+            closed = all_left and not died and not pending
+            if closed:
+                # set with ``left`` under one lock: a rank's new hello that sees it left must also see
+                # the communicator closing (else it is "re-created" and failed, a warning for nothing)
+                self.closing = True  # the op thread says goodbye to the other nodes, then stops
+                self.cond.notify_all()
         if died or pending:
             what = "disconnected without closing the communicator (the process died?)" if died \
                 else "closed the communicator"
@@ -212,11 +218,8 @@ class NodeComm:
                                phase="waiting_ranks", seq=seq, comm=self.key))
         if not died:
             log.debug("hfreduce.rank_closed", comm=self.key, generation=self.generation, rank=conn.label())
-        if all_left and not died and not pending:
+        if closed:
             log.info("hfreduce.comm_closed", comm=self.key, generation=self.generation, node=self.node_rank)
-            with self.cond:
-                self.closing = True  # the op thread says goodbye to the other nodes, then stops
-                self.cond.notify_all()
         elif all_left:
             self.shutdown()
 

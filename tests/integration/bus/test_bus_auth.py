@@ -63,7 +63,14 @@ async def test_user_and_service_on_an_auth_server(auth_nats: NatsServerProcess) 
 
         await svc.serve(subj, answer, types=Ping)
         await svc.flush()
-        reply = await bob.request(subj, Ping(n=1), reply_types=Pong, timeout_s=5.0)
+
+        async def answered() -> Pong | None:
+            # (a server under load has been seen to answer "no responders" right after the flush)
+            try:
+                return await bob.request(subj, Ping(n=1), reply_types=Pong, timeout_s=2.0)
+            except Unavailable:
+                return None
+        reply = await wait_for(answered, timeout_s=10, interval_s=0.2, what="the service's answer")
         assert reply.n == 2
         await svc.ensure_stream("FF_TEST", ["ff.test.v1.>"])
         assert (await svc.js.stream_info("FF_TEST")).config.name == "FF_TEST"

@@ -62,6 +62,14 @@ class LocalComm:
     def barrier(self, async_op: bool = False) -> Any:
         return self._op("barrier", None, async_op)
 
+    def allgather(self, out: Any, x: Any, async_op: bool = False) -> Any:
+        out[...] = x  # one rank: its own slice is the whole output
+        return self._op("allgather", out, async_op)
+
+    def reduce_scatter(self, out: Any, x: Any, op: str = "sum", async_op: bool = False) -> Any:
+        out[...] = x
+        return self._op("reduce_scatter", out, async_op)
+
 
 class Net(torch.nn.Module):
     def __init__(self) -> None:
