@@ -179,7 +179,7 @@ class _Call:
     """One call on the server: the span it runs in, the caller, and how it ended."""
 
     __slots__ = ("m", "context", "started", "span", "_otel_token", "_header", "principal", "_bound", "code",
-                 "routine")
+                 "routine", "_finished")
 
     def __init__(self, m: _Method, context: grpc.aio.ServicerContext) -> None:
         self.m = m
@@ -190,6 +190,7 @@ class _Call:
         self.code = grpc.StatusCode.OK
         #: the handler answered with an error of normal life (FireFlyerError.routine: NotPrimary)
         self.routine = False
+        self._finished = False
         header, carrier = _read_metadata(context)
         # no trace headers: a root span (the sampler decides whether it records); never the
         # ambient context, which belongs to whatever grpc task happens to run the handler
@@ -217,9 +218,15 @@ class _Call:
         self.routine = err.routine
         if self.span.is_recording():
             self.span.record_exception(exc)
+        # finish (metrics, span, the rpc.call line) before the abort: the abort sends the status, and
+        # whoever sees the failure must be able to find its log line and count already
+        self.finish(exc)
         await self.context.abort(self.code, err.message or err.kind, trailing_metadata=error_trailers(err))
 
     def finish(self, exc: BaseException | None) -> None:
+        if self._finished:
+            return
+        self._finished = True
         m = self.m
         m.ic.inflight.count -= 1
         if self._bound is not None:
