@@ -67,6 +67,13 @@ __all__ = ["Bus", "Subscription", "Handler", "RequestHandler", "ERROR_HEADER"]
 log = get_logger(__name__)
 
 
+def _cancelled_from_outside() -> bool:
+    """Whether the running task itself is being cancelled (as opposed to a CancelledError that
+    escaped from a future nats-py cancelled inside its own machinery)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def _why(e: BaseException) -> str:
     # many nats-py errors and TimeoutError have an empty str(); name the type then
     return str(e) or type(e).__name__
@@ -172,8 +179,7 @@ class Bus:
                 timeout=wait,
             )
         except (TimeoutError, OSError, nats.errors.Error, asyncio.CancelledError) as e:
-            task = asyncio.current_task()
-            if isinstance(e, asyncio.CancelledError) and task is not None and task.cancelling():
+            if isinstance(e, asyncio.CancelledError) and _cancelled_from_outside():
                 raise  # our caller cancelled us; a CancelledError of nats-py's own tasks is a failed connect
             await nc.close()
             # a refusal of the credentials outranks a later reset: the server refuses, then hangs up
@@ -265,7 +271,14 @@ class Bus:
         """Stop consumers and close at once (idempotent)."""
         await self._stop_consumers()
         if not self._nc.is_closed:
-            await self._nc.close()
+            try:
+                await self._nc.close()
+            except asyncio.CancelledError:
+                if _cancelled_from_outside():
+                    raise
+                # nats-py's own transport, torn down by the server at the same moment (a revoked
+                # user's connection), lets its close-waiter's cancellation out: it is closed all the same
+                log.debug("bus.close_cancelled_inside", name=self.name)
 
     async def _stop_consumers(self) -> None:
         consumers, self._consumers = self._consumers, []
