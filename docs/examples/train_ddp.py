@@ -43,7 +43,9 @@ def main() -> int:
     ap.add_argument("--save-every", type=int, default=10, help="save a checkpoint every N steps (default 10)")
     ap.add_argument("--accumulate", type=int, default=1, help="micro-batches per step (default 1)")
     ap.add_argument("--root", default=None, help="keep checkpoints in this directory instead of the cluster")
-    ap.add_argument("--job", default=None, help="checkpoint job name (default FF_JOB_ID, else train-ddp)")
+    ap.add_argument("--job", default=None,
+                    help="checkpoint job name (default task-<FF_CHAIN_ID> under the scheduler, else FF_JOB_ID, "
+                         "else train-ddp)")
     ap.add_argument("--step-s", type=float, default=0.0, help="sleep this long per step (a bigger model's compute)")
     ap.add_argument("--slow-file", default=None,
                     help="fault injection: while this file exists and names this node (FF_NODE_NAME) on its first "
@@ -64,7 +66,9 @@ def main() -> int:
     rank, world = model.comm.rank, model.comm.world_size
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     w_true = torch.linspace(-1, 1, 32).unsqueeze(1)
-    job = args.job or os.environ.get("FF_JOB_ID") or "train-ddp"
+    # under the HAI scheduler the chain is the job: every run of it resumes from the same checkpoints
+    chain = os.environ.get("FF_CHAIN_ID")
+    job = args.job or (f"task-{chain}" if chain else None) or os.environ.get("FF_JOB_ID") or "train-ddp"
     if args.root is not None:
         job = args.job or "train-ddp"  # a local root is the job's identity: FF_JOB_ID changes per launch
 

@@ -96,9 +96,9 @@ class GrpcNodeAgents:
 
     async def start(self, node: NodeRef, launch: RankLaunch) -> None:
         req = npb.StartTaskRequest(
-            # the job is the chain: every run of it has one FF_JOB_ID (its checkpoints, its communicator),
-            # as ff launch keeps one across restarts and torchrun its rdzv id
-            task_id=str(launch.task_id), job_id=str(launch.chain_id), command=list(launch.command), user=launch.user,
+            # FF_JOB_ID is the run's own id (a fresh HFReduce communicator per run: a killed run's
+            # workers leave no state behind in coord); what spans the runs is FF_CHAIN_ID
+            task_id=str(launch.task_id), command=list(launch.command), user=launch.user,
             ranks=[npb.Rank(rank=launch.rank, local_rank=0)], env=launch_env(launch),
             nnodes=len(launch.nodes), node_rank=launch.rank, world_size=len(launch.nodes),
             restart_count=launch.restart_count, master_addr=launch.master_address, master_port=MASTER_PORT,

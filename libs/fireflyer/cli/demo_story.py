@@ -232,10 +232,11 @@ class Story:
         from fireflyer.coord.client import CoordClient
 
         address, token = resolve_coord(self.state_dir, address=None, token=self.user)
+        runs = {str(r.id) for r in self.chain(self.train).runs}  # each run has its own communicator
 
         async def go() -> str:
             async with CoordClient(address, token=token) as c:
-                comms = [v for v in await c.list() if v.comm.startswith(f"{self.train}")]
+                comms = [v for v in await c.list() if v.job in runs]
                 rates = []
                 for v in comms:
                     rep, _ = await c.op_stats(v.comm)
@@ -256,7 +257,7 @@ class Story:
 
         c = find_cluster(self.state_dir, need=("ckpt",), token=self.user)
         with CheckpointClient(c.ckpt[0], token=self.user) as client:
-            jobs = [j for j in client.jobs() if j == str(self.train)]
+            jobs = [j for j in client.jobs() if j == f"task-{self.train}"]  # (train_ddp.py's job name)
             recs = [r for j in jobs for r in client.list(j, include_all=True)]
         committed = [r for r in recs if r.committed]
         if not committed:
