@@ -142,7 +142,9 @@ def test_a_task_submission_is_one_trace_from_scheduler_to_rank(receiver: tuple[R
 
     by_id = {s["span_id"]: s for s in spans}
     roots = [s for s in spans if s["parent"] is None]
-    assert [r["name"] for r in roots] == ["task.submit"], roots
+    # the untraced caller's Create call is itself recorded now and then (the server's root sampling):
+    # then it is the root and task.submit its child, else task.submit is the root
+    assert [r["name"] for r in roots] in (["task.submit"], ["ff.scheduler.v1.TaskService/Create"]), roots
     # every parent link stays inside the trace
     assert all(s["parent"] in by_id for s in spans if s["parent"]), spans
 
